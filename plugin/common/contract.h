@@ -1,0 +1,47 @@
+// The FusedAttention op contract (../shared/design/ARCHITECTURE.md), written once for C++.
+// python/opsfuse/contract.py holds the same values; tests/test_contract.py checks they agree.
+// Header-only and free of framework headers: the CPU kernel, the CUDA launcher, the ORT op,
+// the TensorRT plugin and the pybind11 module all include it.
+#pragma once
+
+#include <cstdint>
+
+namespace opsfuse::contract {
+
+inline constexpr const char* kOpName = "FusedAttention";
+inline constexpr const char* kDomain = "com.opsfuse";
+inline constexpr int kOpVersion = 1;
+// TensorRT finds plugins by (op_type, plugin_version, plugin_namespace).
+inline constexpr const char* kTrtPluginVersion = "1";
+inline constexpr const char* kTrtPluginNamespace = "com.opsfuse";
+
+// Inputs, in node order. Optional ones may be absent (trailing) or the empty name.
+inline constexpr int kInputQ = 0;           // (B, Hq, Sq, D)
+inline constexpr int kInputK = 1;           // (B, Hkv, Sk, D)
+inline constexpr int kInputV = 2;           // (B, Hkv, Sk, Dv)
+inline constexpr int kInputMask = 3;        // broadcastable to (B, Hq, Sq, Sk); bool or T
+inline constexpr int kInputKeyLengths = 4;  // (B,); int32 or int64
+inline constexpr int kNumRequiredInputs = 3;
+inline constexpr int kNumInputs = 5;
+inline constexpr int kOutputY = 0;  // (B, Hq, Sq, Dv)
+
+// Attributes.
+inline constexpr const char* kAttrScale = "scale";          // float; default 1/sqrt(D)
+inline constexpr const char* kAttrIsCausal = "is_causal";   // int; 0, 1 or 2
+inline constexpr const char* kAttrSoftcap = "softcap";      // float; 0 disables
+inline constexpr float kDefaultSoftcap = 0.0f;
+inline constexpr int kDefaultIsCausal = 0;
+
+// is_causal values.
+inline constexpr int kCausalNone = 0;
+inline constexpr int kCausalUpperLeft = 1;   // key j visible to query i iff j <= i
+inline constexpr int kCausalLowerRight = 2;  // key j visible to query i iff j <= i + (Sk - Sq)
+inline constexpr int kCausalMax = 2;
+
+// Limits.
+inline constexpr int64_t kMaxHeadDim = 256;  // D and Dv
+inline constexpr int kMinMaskRank = 2;
+inline constexpr int kMaxMaskRank = 4;
+inline constexpr int kTensorRank = 4;  // Q, K, V, Y
+
+}  // namespace opsfuse::contract

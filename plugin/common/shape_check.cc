@@ -1,0 +1,212 @@
+#include "shape_check.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "contract.h"
+
+namespace opsfuse {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ")";
+  return os.str();
+}
+
+bool is_float_type(ElemType t) {
+  return t == ElemType::kFloat32 || t == ElemType::kFloat16 || t == ElemType::kBFloat16;
+}
+
+DType to_dtype(ElemType t) {
+  switch (t) {
+    case ElemType::kFloat16: return DType::kFloat16;
+    case ElemType::kBFloat16: return DType::kBFloat16;
+    default: return DType::kFloat32;
+  }
+}
+
+void dense_strides(const std::vector<int64_t>& s, int64_t out[3]) {
+  out[2] = s[3];
+  out[1] = s[2] * s[3];
+  out[0] = s[1] * s[2] * s[3];
+}
+
+}  // namespace
+
+const char* elem_type_name(ElemType t) {
+  switch (t) {
+    case ElemType::kFloat32: return "float32";
+    case ElemType::kFloat16: return "float16";
+    case ElemType::kBFloat16: return "bfloat16";
+    case ElemType::kBool: return "bool";
+    case ElemType::kInt32: return "int32";
+    case ElemType::kInt64: return "int64";
+    case ElemType::kOther: return "an unsupported type";
+  }
+  return "an unsupported type";
+}
+
+std::string check_attributes(const AttentionAttributes& a) {
+  std::ostringstream os;
+  if (a.has_scale && !(std::isfinite(a.scale) && a.scale != 0.0f)) {
+    os << "attribute 'scale' must be a finite non-zero float, got " << a.scale;
+  } else if (a.is_causal < 0 || a.is_causal > contract::kCausalMax) {
+    os << "attribute 'is_causal' must be 0, 1 or 2, got " << a.is_causal;
+  } else if (!(std::isfinite(a.softcap) && a.softcap >= 0.0f)) {
+    os << "attribute 'softcap' must be a finite float >= 0, got " << a.softcap;
+  }
+  return os.str();
+}
+
+std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttributes& attrs,
+                                  AttentionParams* p) {
+  using namespace contract;
+  std::string err = check_attributes(attrs);
+  if (!err.empty()) return err;
+
+  static const char* kNames[5] = {"Q", "K", "V", "attn_mask", "key_lengths"};
+  std::ostringstream os;
+  for (int i = 0; i < kNumRequiredInputs; ++i) {
+    if (!in[i].present) {
+      os << "input " << kNames[i] << " is required";
+      return os.str();
+    }
+    if (in[i].shape.size() != static_cast<size_t>(kTensorRank)) {
+      os << "input " << kNames[i] << " must have rank 4 (batch, heads, sequence, head size), got shape "
+         << shape_str(in[i].shape);
+      return os.str();
+    }
+    for (int64_t d : in[i].shape) {
+      if (d < 0) {
+        os << "input " << kNames[i] << " has a negative dimension " << shape_str(in[i].shape);
+        return os.str();
+      }
+    }
+  }
+  const auto& q = in[kInputQ].shape;
+  const auto& k = in[kInputK].shape;
+  const auto& v = in[kInputV].shape;
+  if (!is_float_type(in[kInputQ].type)) {
+    os << "Q has element type " << elem_type_name(in[kInputQ].type)
+       << "; supported: float32, float16, bfloat16";
+    return os.str();
+  }
+  if (in[kInputK].type != in[kInputQ].type || in[kInputV].type != in[kInputQ].type) {
+    os << "Q, K and V must share one element type, got " << elem_type_name(in[kInputQ].type) << ", "
+       << elem_type_name(in[kInputK].type) << ", " << elem_type_name(in[kInputV].type);
+    return os.str();
+  }
+  if (k[0] != q[0] || v[0] != q[0]) {
+    os << "batch sizes differ: Q " << shape_str(q) << ", K " << shape_str(k) << ", V " << shape_str(v);
+    return os.str();
+  }
+  if (v[1] != k[1]) {
+    os << "K and V must have the same number of heads, got K " << shape_str(k) << ", V " << shape_str(v);
+    return os.str();
+  }
+  if (k[1] == 0 || q[1] % k[1] != 0) {
+    os << "the number of query heads (" << q[1] << ") must be a multiple of the number of key/value heads ("
+       << k[1] << ")";
+    return os.str();
+  }
+  if (v[2] != k[2]) {
+    os << "K and V must have the same sequence length, got K " << shape_str(k) << ", V " << shape_str(v);
+    return os.str();
+  }
+  if (k[3] != q[3]) {
+    os << "Q and K must have the same head size, got Q " << shape_str(q) << ", K " << shape_str(k);
+    return os.str();
+  }
+  if (q[3] < 1 || q[3] > kMaxHeadDim || v[3] < 1 || v[3] > kMaxHeadDim) {
+    os << "unsupported head size: D = " << q[3] << ", Dv = " << v[3] << "; both must be in 1.." << kMaxHeadDim;
+    return os.str();
+  }
+
+  p->dtype = to_dtype(in[kInputQ].type);
+  p->batch = q[0];
+  p->heads_q = q[1];
+  p->heads_kv = k[1];
+  p->seq_q = q[2];
+  p->seq_k = k[2];
+  p->head_dim = q[3];
+  p->head_dim_v = v[3];
+  dense_strides(q, p->q_stride);
+  dense_strides(k, p->k_stride);
+  dense_strides(v, p->v_stride);
+  dense_strides({q[0], q[1], q[2], v[3]}, p->y_stride);
+
+  // Mask: numpy broadcasting, right-aligned, from rank 2 to 4.
+  p->mask_kind = MaskKind::kNone;
+  for (int i = 0; i < 4; ++i) p->mask_stride[i] = 0;
+  const TensorDesc& m = in[kInputMask];
+  if (m.present) {
+    if (m.type == ElemType::kBool) {
+      p->mask_kind = MaskKind::kBool;
+    } else if (m.type == in[kInputQ].type) {
+      p->mask_kind = MaskKind::kAdditive;
+    } else {
+      os << "attn_mask has element type " << elem_type_name(m.type) << "; it must be bool or the type of Q ("
+         << elem_type_name(in[kInputQ].type) << ")";
+      return os.str();
+    }
+    const int rank = static_cast<int>(m.shape.size());
+    if (rank < kMinMaskRank || rank > kMaxMaskRank) {
+      os << "attn_mask must have rank 2 to 4, got shape " << shape_str(m.shape);
+      return os.str();
+    }
+    const int64_t target[4] = {p->batch, p->heads_q, p->seq_q, p->seq_k};
+    int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+      const int t = 4 - rank + i;
+      const int64_t d = m.shape[i];
+      if (d == target[t]) {
+        p->mask_stride[t] = (d == 1) ? 0 : stride;
+      } else if (d == 1) {
+        p->mask_stride[t] = 0;
+      } else {
+        os << "attn_mask of shape " << shape_str(m.shape) << " does not broadcast to (B, Hq, Sq, Sk) = "
+           << shape_str({target[0], target[1], target[2], target[3]});
+        return os.str();
+      }
+      stride *= d;
+    }
+  }
+
+  const TensorDesc& kl = in[kInputKeyLengths];
+  p->key_lengths_int64 = false;
+  if (kl.present) {
+    if (kl.type != ElemType::kInt32 && kl.type != ElemType::kInt64) {
+      os << "key_lengths has element type " << elem_type_name(kl.type) << "; it must be int32 or int64";
+      return os.str();
+    }
+    if (kl.shape.size() != 1 || kl.shape[0] != p->batch) {
+      os << "key_lengths must have shape (B,) = (" << p->batch << "), got " << shape_str(kl.shape);
+      return os.str();
+    }
+    p->key_lengths_int64 = kl.type == ElemType::kInt64;
+  }
+
+  p->scale = attrs.has_scale ? attrs.scale : 1.0f / std::sqrt(static_cast<float>(p->head_dim));
+  p->softcap = attrs.softcap;
+  p->is_causal = static_cast<int32_t>(attrs.is_causal);
+  return std::string();
+}
+
+std::string check_key_lengths(const AttentionParams& p) {
+  if (p.key_lengths == nullptr) return std::string();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t len = p.key_lengths_int64 ? static_cast<const int64_t*>(p.key_lengths)[b]
+                                            : static_cast<const int32_t*>(p.key_lengths)[b];
+    if (len < 0 || len > p.seq_k) {
+      std::ostringstream os;
+      os << "key_lengths[" << b << "] = " << len << " is outside 0.." << p.seq_k << " (the key sequence length)";
+      return os.str();
+    }
+  }
+  return std::string();
+}
+
+}  // namespace opsfuse

@@ -1,0 +1,45 @@
+"""The FusedAttention op contract (``../shared/design/ARCHITECTURE.md``), written once for Python.
+
+``plugin/common/contract.h`` holds the same values for C++; ``tests/test_contract.py`` checks
+that the two agree.
+"""
+
+OP_NAME = "FusedAttention"
+DOMAIN = "com.opsfuse"
+OP_VERSION = 1
+TRT_PLUGIN_VERSION = "1"
+TRT_PLUGIN_NAMESPACE = "com.opsfuse"
+
+# Inputs, in node order. Optional ones may be absent (trailing) or the empty name.
+INPUT_Q = 0  # (B, Hq, Sq, D)
+INPUT_K = 1  # (B, Hkv, Sk, D)
+INPUT_V = 2  # (B, Hkv, Sk, Dv)
+INPUT_MASK = 3  # broadcastable to (B, Hq, Sq, Sk); bool or T
+INPUT_KEY_LENGTHS = 4  # (B,); int32 or int64
+NUM_REQUIRED_INPUTS = 3
+NUM_INPUTS = 5
+INPUT_NAMES = ("Q", "K", "V", "attn_mask", "key_lengths")
+OUTPUT_Y = 0  # (B, Hq, Sq, Dv)
+
+# Attributes.
+ATTR_SCALE = "scale"  # float; default 1/sqrt(D)
+ATTR_IS_CAUSAL = "is_causal"  # int; 0, 1 or 2
+ATTR_SOFTCAP = "softcap"  # float; 0 disables
+DEFAULT_SOFTCAP = 0.0
+DEFAULT_IS_CAUSAL = 0
+
+# is_causal values.
+CAUSAL_NONE = 0
+CAUSAL_UPPER_LEFT = 1  # key j visible to query i iff j <= i
+CAUSAL_LOWER_RIGHT = 2  # key j visible to query i iff j <= i + (Sk - Sq)
+CAUSAL_MAX = 2
+
+# Limits.
+MAX_HEAD_DIM = 256  # D and Dv
+MIN_MASK_RANK = 2
+MAX_MASK_RANK = 4
+TENSOR_RANK = 4  # Q, K, V, Y
+
+# Element types, as onnx.TensorProto enum names.
+VALUE_TYPES = ("FLOAT", "FLOAT16", "BFLOAT16")
+KEY_LENGTH_TYPES = ("INT32", "INT64")
