@@ -1,0 +1,91 @@
+// ORT custom-op type and shape inference for FusedAttention: Y = (B, Hq, Sq, Dv), element type of Q.
+// Symbolic dimensions carry over, so nodes after the op keep their shapes. Inference never fails
+// the model load: where an input shape is unknown the output is left with unknown dimensions,
+// and the kernel reports a bad shape with a clear message at run time.
+#include <string>
+#include <vector>
+
+#include "../common/contract.h"
+#include "fused_attention_op.h"
+
+namespace opsfuse::ort {
+namespace {
+
+struct Dim {
+  int64_t value = -1;    // -1: unknown or symbolic
+  std::string symbol;    // symbolic name, may be empty
+};
+
+// Reads (element type, dims) of one input; false when unavailable.
+bool read_input(const OrtApi& api, OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType* type,
+                std::vector<Dim>* dims) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  if (OrtStatus* st = api.ShapeInferContext_GetInputTypeShape(ctx, index, &info)) {
+    api.ReleaseStatus(st);
+    return false;
+  }
+  bool ok = true;
+  size_t rank = 0;
+  if (OrtStatus* st = api.GetTensorElementType(info, type)) {
+    api.ReleaseStatus(st);
+    ok = false;
+  }
+  if (ok) {
+    if (OrtStatus* st = api.GetDimensionsCount(info, &rank)) {
+      api.ReleaseStatus(st);
+      ok = false;
+    }
+  }
+  if (ok) {
+    std::vector<int64_t> values(rank);
+    std::vector<const char*> symbols(rank, nullptr);
+    OrtStatus* st1 = api.GetDimensions(info, values.data(), rank);
+    OrtStatus* st2 = st1 ? nullptr : api.GetSymbolicDimensions(info, symbols.data(), rank);
+    if (st1) api.ReleaseStatus(st1);
+    if (st2) api.ReleaseStatus(st2);
+    ok = st1 == nullptr && st2 == nullptr;
+    dims->resize(rank);
+    for (size_t i = 0; ok && i < rank; ++i) {
+      (*dims)[i].value = values[i];
+      if (symbols[i] != nullptr) (*dims)[i].symbol = symbols[i];
+    }
+  }
+  api.ReleaseTensorTypeAndShapeInfo(info);
+  return ok;
+}
+
+}  // namespace
+
+OrtStatusPtr infer_output_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  const OrtApi& api = Ort::GetApi();
+  ONNXTensorElementDataType q_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  ONNXTensorElementDataType v_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  std::vector<Dim> q, v;
+  if (!read_input(api, ctx, contract::kInputQ, &q_type, &q)) return nullptr;
+  const bool have_v = read_input(api, ctx, contract::kInputV, &v_type, &v);
+
+  std::vector<Dim> y(contract::kTensorRank);
+  if (q.size() == static_cast<size_t>(contract::kTensorRank)) {
+    y[0] = q[0];
+    y[1] = q[1];
+    y[2] = q[2];
+  }
+  if (have_v && v.size() == static_cast<size_t>(contract::kTensorRank)) y[3] = v[3];
+
+  OrtTensorTypeAndShapeInfo* out = nullptr;
+  if (OrtStatus* st = api.CreateTensorTypeAndShapeInfo(&out)) return st;
+  std::vector<int64_t> values;
+  std::vector<const char*> symbols;
+  for (const Dim& d : y) {
+    values.push_back(d.value);
+    symbols.push_back(d.symbol.c_str());
+  }
+  OrtStatus* st = api.SetTensorElementType(out, q_type);
+  if (st == nullptr) st = api.SetDimensions(out, values.data(), values.size());
+  if (st == nullptr) st = api.SetSymbolicDimensions(out, symbols.data(), symbols.size());
+  if (st == nullptr) st = api.ShapeInferContext_SetOutputTypeShape(ctx, contract::kOutputY, out);
+  api.ReleaseTensorTypeAndShapeInfo(out);
+  return st;
+}
+
+}  // namespace opsfuse::ort
