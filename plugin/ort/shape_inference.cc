@@ -50,7 +50,7 @@ bool read_input(const OrtApi& api, OrtShapeInferContext* ctx, size_t index, ONNX
       if (symbols[i] != nullptr) (*dims)[i].symbol = symbols[i];
     }
   }
-  api.ReleaseTensorTypeAndShapeInfo(info);
+  // The context owns `info` (ORT's own C++ wrapper releases its handle without freeing it).
   return ok;
 }
 
