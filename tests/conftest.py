@@ -1,0 +1,36 @@
+"""Markers: `gpu` tests skip without a CUDA GPU, `tensorrt` tests skip without TensorRT."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import pytest
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_gpu_available() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+@functools.lru_cache(maxsize=None)
+def tensorrt_available() -> bool:
+    try:
+        import tensorrt  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not usable here"
+        return False
+    return True
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="no CUDA GPU on this machine (torch.cuda.is_available() is False)")
+    skip_trt = pytest.mark.skip(reason="TensorRT not installed (import tensorrt failed)")
+    for item in items:
+        if "gpu" in item.keywords and not cuda_gpu_available():
+            item.add_marker(skip_gpu)
+        if "tensorrt" in item.keywords and not tensorrt_available():
+            item.add_marker(skip_trt)

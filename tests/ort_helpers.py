@@ -1,0 +1,117 @@
+"""Building single-node FusedAttention models and running them in ONNX Runtime (CPU), bfloat16
+included (numpy has no bfloat16: ml_dtypes arrays travel as uint16 OrtValues through IO binding)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from opsfuse import contract
+from opsfuse.ort_session import make_session
+
+ONNX_TYPE = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16,
+    np.dtype(np.bool_): TensorProto.BOOL,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int64): TensorProto.INT64,
+}
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def fused_attention_model(
+    dtype,
+    mask_dtype=None,
+    mask_rank: int = 0,
+    key_lengths_dtype=None,
+    opset: int = 17,
+    node_name: str = "attention0",
+    declare_shapes: bool = True,
+    **attrs,
+) -> onnx.ModelProto:
+    """One FusedAttention node; every dimension symbolic, so any shape can be fed (with
+    declare_shapes=False not even the rank is declared, so the op itself sees bad ranks)."""
+    elem = ONNX_TYPE[np.dtype(dtype)]
+
+    def dims(names):
+        return names if declare_shapes else None
+
+    inputs = [
+        helper.make_tensor_value_info("Q", elem, dims(["b", "hq", "sq", "d"])),
+        helper.make_tensor_value_info("K", elem, dims(["b", "hkv", "sk", "d"])),
+        helper.make_tensor_value_info("V", elem, dims(["b", "hkv", "sk", "dv"])),
+    ]
+    names = ["Q", "K", "V"]
+    if mask_dtype is not None:
+        inputs.append(helper.make_tensor_value_info("attn_mask", ONNX_TYPE[np.dtype(mask_dtype)],
+                                                    dims([f"m{i}" for i in range(mask_rank)])))
+        names.append("attn_mask")
+    if key_lengths_dtype is not None:
+        if mask_dtype is None:
+            names.append("")  # absent optional input given as the empty name
+        inputs.append(helper.make_tensor_value_info("key_lengths", ONNX_TYPE[np.dtype(key_lengths_dtype)], dims(["b"])))
+        names.append("key_lengths")
+    node = helper.make_node(contract.OP_NAME, names, ["Y"], domain=contract.DOMAIN, name=node_name, **attrs)
+    graph = helper.make_graph([node], "fused_attention", inputs,
+                              [helper.make_tensor_value_info("Y", elem, dims(["b", "hq", "sq", "dv"]))])
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(contract.DOMAIN, contract.OP_VERSION)],
+    )
+
+
+def run_session(session, feeds: dict[str, np.ndarray], output_dtype) -> np.ndarray:
+    """Runs `session` on CPU feeds; bfloat16 inputs and outputs go through IO binding."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        array = np.ascontiguousarray(array)
+        if array.dtype == BF16:
+            value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), TensorProto.BFLOAT16)
+            binding.bind_ortvalue_input(name, value)
+        else:
+            binding.bind_cpu_input(name, array)
+    out_name = session.get_outputs()[0].name
+    if np.dtype(output_dtype) == BF16:
+        binding.bind_output(out_name, "cpu")
+        session.run_with_iobinding(binding)
+        value = binding.get_outputs()[0]
+        raw = np.empty(value.shape(), dtype=np.uint16)
+        import ctypes
+
+        ctypes.memmove(raw.ctypes.data, value.data_ptr(), raw.nbytes)
+        return raw.view(BF16)
+    binding.bind_output(out_name, "cpu")
+    session.run_with_iobinding(binding)
+    return binding.copy_outputs_to_cpu()[0]
+
+
+class FusedAttentionRunner:
+    """Caches one session per model signature, so many shapes reuse few sessions."""
+
+    def __init__(self, intra_op_threads: int | None = None, declare_shapes: bool = True):
+        self._sessions: dict = {}
+        self._threads = intra_op_threads
+        self._declare_shapes = declare_shapes
+
+    def __call__(self, q, k, v, attn_mask=None, key_lengths=None, **attrs) -> np.ndarray:
+        mask_dtype = None if attn_mask is None else np.asarray(attn_mask).dtype
+        mask_rank = 0 if attn_mask is None else np.asarray(attn_mask).ndim
+        kl_dtype = None if key_lengths is None else np.asarray(key_lengths).dtype
+        key = (q.dtype, mask_dtype, mask_rank, kl_dtype, tuple(sorted(attrs.items())))
+        session = self._sessions.get(key)
+        if session is None:
+            model = fused_attention_model(q.dtype, mask_dtype, mask_rank, kl_dtype,
+                                         declare_shapes=self._declare_shapes, **attrs)
+            session = make_session(model, intra_op_threads=self._threads)
+            self._sessions[key] = session
+        feeds = {"Q": q, "K": k, "V": v}
+        if attn_mask is not None:
+            feeds["attn_mask"] = attn_mask
+        if key_lengths is not None:
+            feeds["key_lengths"] = key_lengths
+        return run_session(session, feeds, q.dtype)
