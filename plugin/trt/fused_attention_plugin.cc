@@ -1,0 +1,422 @@
+#include "fused_attention_plugin.h"
+
+#include <algorithm>
+#include <exception>
+#include <new>
+#include <sstream>
+
+#include "common/contract.h"
+#include "cuda/attention_cuda.h"
+#include "trt_runtime.h"
+
+namespace opsfuse::trt {
+
+using nvinfer1::DataType;
+using nvinfer1::DimsExprs;
+using nvinfer1::DynamicPluginTensorDesc;
+using nvinfer1::IDimensionExpr;
+using nvinfer1::PluginTensorDesc;
+using nvinfer1::TensorFormat;
+
+ElemType to_elem_type(DataType t) {
+  switch (t) {
+    case DataType::kFLOAT: return ElemType::kFloat32;
+    case DataType::kHALF: return ElemType::kFloat16;
+    case DataType::kBF16: return ElemType::kBFloat16;
+    case DataType::kBOOL: return ElemType::kBool;
+    case DataType::kINT32: return ElemType::kInt32;
+    case DataType::kINT64: return ElemType::kInt64;
+    default: return ElemType::kOther;
+  }
+}
+
+namespace {
+
+bool is_value_type(DataType t) { return t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16; }
+
+// Fills the five TensorDescs of shape_check.h from TensorRT's per-input dims and types.
+template <typename GetDims, typename GetType>
+void make_descs(int32_t nb_inputs, GetDims dims_of, GetType type_of, TensorDesc (&descs)[contract::kNumInputs]) {
+  for (int32_t i = 0; i < contract::kNumInputs; ++i) {
+    descs[i] = TensorDesc();
+    if (i >= nb_inputs) continue;
+    const nvinfer1::Dims& d = dims_of(i);
+    descs[i].present = true;
+    descs[i].type = to_elem_type(type_of(i));
+    descs[i].shape.assign(d.d, d.d + std::max<int32_t>(0, std::min<int32_t>(d.nbDims, nvinfer1::Dims::MAX_DIMS)));
+  }
+}
+
+// Both expressions are build-time constants with different values.
+bool known_to_differ(const IDimensionExpr* a, const IDimensionExpr* b) {
+  return a->isConstant() && b->isConstant() && a->getConstantValue() != b->getConstantValue();
+}
+
+std::string fmt_float(float v) {
+  std::ostringstream os;
+  os.precision(9);
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+FusedAttentionPlugin::FusedAttentionPlugin(std::string node_name, const AttentionAttributes& attrs)
+    : node_name_(std::move(node_name)), attrs_(attrs) {}
+
+FusedAttentionPlugin::FusedAttentionPlugin(const FusedAttentionPlugin& other)
+    : nvinfer1::IPluginV3(other),
+      nvinfer1::IPluginV3OneCore(other),
+      nvinfer1::IPluginV3OneBuild(other),
+      nvinfer1::IPluginV3OneRuntime(other),
+      node_name_(other.node_name_),
+      attrs_(other.attrs_),
+      nb_inputs_(other.nb_inputs_) {}
+
+void FusedAttentionPlugin::report(const std::string& what) const noexcept {
+  try {
+    log_error(std::string(contract::kOpName) + " node '" + node_name_ + "': " + what);
+  } catch (...) {
+  }
+}
+
+std::string FusedAttentionPlugin::check_io_count(int32_t nb_inputs, int32_t nb_outputs) const {
+  std::ostringstream os;
+  if (nb_inputs < contract::kNumRequiredInputs || nb_inputs > contract::kNumInputs) {
+    os << "expects 3 to 5 inputs (Q, K, V, optional attn_mask, optional key_lengths), got " << nb_inputs;
+  } else if (nb_outputs != 1) {
+    os << "has exactly one output (Y), got " << nb_outputs;
+  }
+  return os.str();
+}
+
+// ---------------------------------------------------------------- IPluginV3
+
+nvinfer1::IPluginCapability* FusedAttentionPlugin::getCapabilityInterface(
+    nvinfer1::PluginCapabilityType type) noexcept {
+  try {
+    switch (type) {
+      case nvinfer1::PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
+      case nvinfer1::PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
+      case nvinfer1::PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
+    }
+    report("unknown plugin capability type " + std::to_string(static_cast<int>(type)));
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+nvinfer1::IPluginV3* FusedAttentionPlugin::clone() noexcept {
+  try {
+    return new FusedAttentionPlugin(*this);
+  } catch (const std::exception& e) {
+    report(std::string("clone failed: ") + e.what());
+  } catch (...) {
+    report("clone failed");
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------- IPluginV3OneCore
+
+const char* FusedAttentionPlugin::getPluginName() const noexcept { return contract::kOpName; }
+const char* FusedAttentionPlugin::getPluginVersion() const noexcept { return contract::kTrtPluginVersion; }
+const char* FusedAttentionPlugin::getPluginNamespace() const noexcept { return contract::kTrtPluginNamespace; }
+
+// ---------------------------------------------------------------- IPluginV3OneBuild
+
+int32_t FusedAttentionPlugin::getNbOutputs() const noexcept { return 1; }
+
+int32_t FusedAttentionPlugin::getOutputDataTypes(DataType* output_types, int32_t nb_outputs,
+                                                 const DataType* input_types, int32_t nb_inputs) const noexcept {
+  try {
+    const std::string err = check_io_count(nb_inputs, nb_outputs);
+    if (!err.empty()) {
+      report(err);
+      return -1;
+    }
+    if (!is_value_type(input_types[contract::kInputQ])) {
+      report(std::string("Q has element type ") + elem_type_name(to_elem_type(input_types[contract::kInputQ])) +
+             "; supported: float32, float16, bfloat16");
+      return -1;
+    }
+    output_types[contract::kOutputY] = input_types[contract::kInputQ];  // Y has Q's type
+    return 0;
+  } catch (...) {
+    report("getOutputDataTypes failed");
+    return -1;
+  }
+}
+
+int32_t FusedAttentionPlugin::getOutputShapes(const DimsExprs* inputs, int32_t nb_inputs, const DimsExprs*,
+                                              int32_t nb_shape_inputs, DimsExprs* outputs, int32_t nb_outputs,
+                                              nvinfer1::IExprBuilder&) noexcept {
+  try {
+    std::string err = check_io_count(nb_inputs, nb_outputs);
+    if (err.empty() && nb_shape_inputs != 0) err = "takes no shape inputs";
+    if (!err.empty()) {
+      report(err);
+      return -1;
+    }
+    static const char* kNames[contract::kNumInputs] = {"Q", "K", "V", "attn_mask", "key_lengths"};
+    for (int32_t i = 0; i < contract::kNumRequiredInputs; ++i) {
+      if (inputs[i].nbDims != contract::kTensorRank) {
+        report(std::string("input ") + kNames[i] + " must have rank 4 (batch, heads, sequence, head size), got rank " +
+               std::to_string(inputs[i].nbDims));
+        return -1;
+      }
+    }
+    if (nb_inputs > contract::kInputMask &&
+        (inputs[contract::kInputMask].nbDims < contract::kMinMaskRank ||
+         inputs[contract::kInputMask].nbDims > contract::kMaxMaskRank)) {
+      report("attn_mask must have rank 2 to 4, got rank " + std::to_string(inputs[contract::kInputMask].nbDims));
+      return -1;
+    }
+    if (nb_inputs > contract::kInputKeyLengths && inputs[contract::kInputKeyLengths].nbDims != 1) {
+      report("key_lengths must have shape (B,), got rank " + std::to_string(inputs[contract::kInputKeyLengths].nbDims));
+      return -1;
+    }
+    const DimsExprs& q = inputs[contract::kInputQ];
+    const DimsExprs& k = inputs[contract::kInputK];
+    const DimsExprs& v = inputs[contract::kInputV];
+    // Mismatches visible at build time (both sides constant) are reported now, the rest at runtime.
+    if (known_to_differ(q.d[0], k.d[0]) || known_to_differ(q.d[0], v.d[0])) err = "Q, K and V batch sizes differ";
+    else if (known_to_differ(k.d[1], v.d[1])) err = "K and V must have the same number of heads";
+    else if (known_to_differ(k.d[2], v.d[2])) err = "K and V must have the same sequence length";
+    else if (known_to_differ(q.d[3], k.d[3])) err = "Q and K must have the same head size";
+    else if (q.d[1]->isConstant() && k.d[1]->isConstant() &&
+             (k.d[1]->getConstantValue() <= 0 || q.d[1]->getConstantValue() % k.d[1]->getConstantValue() != 0)) {
+      err = "the number of query heads (" + std::to_string(q.d[1]->getConstantValue()) +
+            ") must be a multiple of the number of key/value heads (" + std::to_string(k.d[1]->getConstantValue()) + ")";
+    } else {
+      for (const IDimensionExpr* d : {q.d[3], v.d[3]}) {
+        if (d->isConstant() && (d->getConstantValue() < 1 || d->getConstantValue() > contract::kMaxHeadDim)) {
+          err = "unsupported head size " + std::to_string(d->getConstantValue()) + "; D and Dv must be in 1.." +
+                std::to_string(contract::kMaxHeadDim);
+        }
+      }
+    }
+    if (!err.empty()) {
+      report(err);
+      return -1;
+    }
+    // Y is (B, Hq, Sq, Dv): the same expressions, so dynamic dimensions stay symbolic.
+    DimsExprs& y = outputs[contract::kOutputY];
+    y.nbDims = contract::kTensorRank;
+    y.d[0] = q.d[0];
+    y.d[1] = q.d[1];
+    y.d[2] = q.d[2];
+    y.d[3] = v.d[3];
+    return 0;
+  } catch (...) {
+    report("getOutputShapes failed");
+    return -1;
+  }
+}
+
+bool FusedAttentionPlugin::supportsFormatCombination(int32_t pos, const DynamicPluginTensorDesc* in_out,
+                                                     int32_t nb_inputs, int32_t nb_outputs) noexcept {
+  try {
+    if (!check_io_count(nb_inputs, nb_outputs).empty() || pos < 0 || pos >= nb_inputs + nb_outputs) return false;
+    const PluginTensorDesc& d = in_out[pos].desc;
+    if (d.format != TensorFormat::kLINEAR) return false;
+    const DataType t = in_out[contract::kInputQ].desc.type;  // decided at pos 0, read for later positions
+    if (pos == contract::kInputQ) return is_value_type(d.type);
+    if (pos == contract::kInputK || pos == contract::kInputV) return d.type == t;
+    if (pos == contract::kInputMask && pos < nb_inputs) return d.type == DataType::kBOOL || d.type == t;
+    if (pos == contract::kInputKeyLengths && pos < nb_inputs) {
+      return d.type == DataType::kINT32 || d.type == DataType::kINT64;
+    }
+    return d.type == t;  // Y
+  } catch (...) {
+    return false;
+  }
+}
+
+int32_t FusedAttentionPlugin::configurePlugin(const DynamicPluginTensorDesc* in, int32_t nb_inputs,
+                                              const DynamicPluginTensorDesc* out, int32_t nb_outputs) noexcept {
+  try {
+    std::string err = check_io_count(nb_inputs, nb_outputs);
+    if (err.empty()) {
+      // Shapes may hold wildcards (-1) here; check types and ranks, shapes at onShapeChange / enqueue.
+      const DataType t = in[contract::kInputQ].desc.type;
+      if (!is_value_type(t)) err = "Q must be float32, float16 or bfloat16";
+      else if (in[contract::kInputK].desc.type != t || in[contract::kInputV].desc.type != t) {
+        err = "Q, K and V must share one element type";
+      } else if (out[contract::kOutputY].desc.type != t) {
+        err = "Y must have the element type of Q";
+      }
+      for (int32_t i = 0; err.empty() && i < contract::kNumRequiredInputs; ++i) {
+        if (in[i].desc.dims.nbDims != contract::kTensorRank) err = "Q, K and V must have rank 4";
+      }
+    }
+    if (!err.empty()) {
+      report(err);
+      return -1;
+    }
+    nb_inputs_ = nb_inputs;
+    return 0;
+  } catch (...) {
+    report("configurePlugin failed");
+    return -1;
+  }
+}
+
+size_t FusedAttentionPlugin::getWorkspaceSize(const DynamicPluginTensorDesc* inputs, int32_t nb_inputs,
+                                              const DynamicPluginTensorDesc*, int32_t nb_outputs) const noexcept {
+  try {
+    if (!check_io_count(nb_inputs, nb_outputs).empty()) return 0;
+    // The launcher's scratch space depends on shapes only. Take the largest over the profile's
+    // min / opt / max shapes (opsfuse::cuda::workspace_size grows with every dimension; the three
+    // points guard against a heuristic that does not).
+    size_t bytes = 0;
+    for (int which = 0; which < 3; ++which) {
+      TensorDesc descs[contract::kNumInputs];
+      make_descs(
+          nb_inputs,
+          [&](int32_t i) -> const nvinfer1::Dims& {
+            return which == 0 ? inputs[i].min : (which == 1 ? inputs[i].opt : inputs[i].max);
+          },
+          [&](int32_t i) { return inputs[i].desc.type; }, descs);
+      AttentionParams p;
+      const std::string err = check_inputs_and_fill(descs, attrs_, &p);
+      if (!err.empty()) {
+        if (which == 2) log_warning(std::string(contract::kOpName) + " node '" + node_name_ +
+                                    "': cannot size the workspace for the profile's largest shapes: " + err);
+        continue;
+      }
+      bytes = std::max(bytes, opsfuse::cuda::workspace_size(p));
+    }
+    return bytes;
+  } catch (...) {
+    report("getWorkspaceSize failed");
+    return 0;
+  }
+}
+
+const char* FusedAttentionPlugin::getTimingCacheID() noexcept { return getMetadataString(); }
+
+const char* FusedAttentionPlugin::getMetadataString() noexcept {
+  try {
+    metadata_ = std::string("scale=") + (attrs_.has_scale ? fmt_float(attrs_.scale) : std::string("1/sqrt(D)")) +
+                ";is_causal=" + std::to_string(attrs_.is_causal) + ";softcap=" + fmt_float(attrs_.softcap);
+    return metadata_.c_str();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// ---------------------------------------------------------------- IPluginV3OneRuntime
+
+int32_t FusedAttentionPlugin::onShapeChange(const PluginTensorDesc* in, int32_t nb_inputs,
+                                            const PluginTensorDesc* out, int32_t nb_outputs) noexcept {
+  try {
+    std::string err = check_io_count(nb_inputs, nb_outputs);
+    AttentionParams p;
+    if (err.empty()) {
+      TensorDesc descs[contract::kNumInputs];
+      make_descs(
+          nb_inputs, [&](int32_t i) -> const nvinfer1::Dims& { return in[i].dims; },
+          [&](int32_t i) { return in[i].type; }, descs);
+      err = check_inputs_and_fill(descs, attrs_, &p);
+    }
+    if (err.empty()) {
+      const std::vector<int64_t> y = output_shape(p);
+      const nvinfer1::Dims& od = out[contract::kOutputY].dims;
+      if (od.nbDims != contract::kTensorRank || !std::equal(y.begin(), y.end(), od.d)) {
+        err = "output Y must have shape (B, Hq, Sq, Dv)";
+      }
+    }
+    if (!err.empty()) {
+      report(err);
+      return -1;
+    }
+    nb_inputs_ = nb_inputs;
+    return 0;
+  } catch (...) {
+    report("onShapeChange failed");
+    return -1;
+  }
+}
+
+int32_t FusedAttentionPlugin::enqueue(const PluginTensorDesc* input_desc, const PluginTensorDesc* output_desc,
+                                      const void* const* inputs, void* const* outputs, void* workspace,
+                                      cudaStream_t stream) noexcept {
+  try {
+    if (nb_inputs_ < contract::kNumRequiredInputs) {
+      report("enqueue before configurePlugin / onShapeChange: the number of inputs is unknown");
+      return -1;
+    }
+    TensorDesc descs[contract::kNumInputs];
+    make_descs(
+        nb_inputs_, [&](int32_t i) -> const nvinfer1::Dims& { return input_desc[i].dims; },
+        [&](int32_t i) { return input_desc[i].type; }, descs);
+    AttentionParams p;
+    std::string err = check_inputs_and_fill(descs, attrs_, &p);
+    if (err.empty()) {
+      const std::vector<int64_t> y = output_shape(p);
+      const nvinfer1::Dims& od = output_desc[contract::kOutputY].dims;
+      if (od.nbDims != contract::kTensorRank || !std::equal(y.begin(), y.end(), od.d)) {
+        err = "output Y must have shape (B, Hq, Sq, Dv)";
+      } else if (output_desc[contract::kOutputY].type != input_desc[contract::kInputQ].type) {
+        err = "output Y must have the element type of Q";
+      }
+    }
+    if (!err.empty()) {
+      report(err);
+      return -1;
+    }
+    if (p.batch * p.heads_q * p.seq_q * p.head_dim_v == 0) return 0;  // empty output: nothing to write
+    p.q = inputs[contract::kInputQ];
+    p.k = inputs[contract::kInputK];
+    p.v = inputs[contract::kInputV];
+    p.mask = nb_inputs_ > contract::kInputMask ? inputs[contract::kInputMask] : nullptr;
+    p.key_lengths = nb_inputs_ > contract::kInputKeyLengths ? inputs[contract::kInputKeyLengths] : nullptr;
+    p.y = outputs[contract::kOutputY];
+    // TensorRT allocated getWorkspaceSize() bytes for the profile, an upper bound of this need.
+    const size_t need = opsfuse::cuda::workspace_size(p);
+    if (need > 0 && workspace == nullptr) {
+      report("the launch needs " + std::to_string(need) + " bytes of workspace but TensorRT passed none");
+      return -1;
+    }
+    const Status st = opsfuse::cuda::launch(p, workspace, need, static_cast<void*>(stream));
+    if (st != Status::kOk) {
+      report(std::string("CUDA launch failed (") + status_name(st) + "): " + opsfuse::cuda::last_error_message());
+      return -1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    report(std::string("enqueue failed: ") + e.what());
+  } catch (...) {
+    report("enqueue failed");
+  }
+  return -1;
+}
+
+nvinfer1::IPluginV3* FusedAttentionPlugin::attachToContext(nvinfer1::IPluginResourceContext*) noexcept {
+  return clone();  // no per-context resources
+}
+
+const nvinfer1::PluginFieldCollection* FusedAttentionPlugin::getFieldsToSerialize() noexcept {
+  try {
+    // The creator's fields, written the way the ONNX parser passes node attributes
+    // (FLOAT -> kFLOAT32, INT -> kINT32). An absent scale stays absent (default 1/sqrt(D)).
+    fields_.clear();
+    field_scale_ = attrs_.scale;
+    field_is_causal_ = static_cast<int32_t>(attrs_.is_causal);
+    field_softcap_ = attrs_.softcap;
+    if (attrs_.has_scale) {
+      fields_.emplace_back(contract::kAttrScale, &field_scale_, nvinfer1::PluginFieldType::kFLOAT32, 1);
+    }
+    fields_.emplace_back(contract::kAttrIsCausal, &field_is_causal_, nvinfer1::PluginFieldType::kINT32, 1);
+    fields_.emplace_back(contract::kAttrSoftcap, &field_softcap_, nvinfer1::PluginFieldType::kFLOAT32, 1);
+    field_collection_.nbFields = static_cast<int32_t>(fields_.size());
+    field_collection_.fields = fields_.data();
+    return &field_collection_;
+  } catch (...) {
+    report("getFieldsToSerialize failed");
+    return nullptr;
+  }
+}
+
+}  // namespace opsfuse::trt

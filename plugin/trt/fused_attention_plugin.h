@@ -1,0 +1,88 @@
+// FusedAttention as a TensorRT IPluginV3 (TensorRT 10.x and 11.x): one object exposing the core,
+// build and runtime capabilities. A thin adapter: validation and params filling come from
+// plugin/common/shape_check.h, the computation from the CUDA launcher the ONNX Runtime op uses
+// (plugin/cuda/attention_cuda.h). Attribute values arrive already validated by the creator.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "NvInferRuntime.h"
+#include "common/shape_check.h"
+
+namespace opsfuse::trt {
+
+class FusedAttentionPlugin final : public nvinfer1::IPluginV3,
+                                   public nvinfer1::IPluginV3OneCore,
+                                   public nvinfer1::IPluginV3OneBuild,
+                                   public nvinfer1::IPluginV3OneRuntime {
+ public:
+  // `node_name` names the layer (the ONNX node) in error messages.
+  FusedAttentionPlugin(std::string node_name, const AttentionAttributes& attrs);
+  FusedAttentionPlugin(const FusedAttentionPlugin& other);
+  FusedAttentionPlugin& operator=(const FusedAttentionPlugin&) = delete;
+  ~FusedAttentionPlugin() override = default;
+
+  const AttentionAttributes& attributes() const { return attrs_; }
+
+  // --- IPluginV3
+  nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
+  nvinfer1::IPluginV3* clone() noexcept override;
+
+  // --- IPluginV3OneCore
+  const char* getPluginName() const noexcept override;
+  const char* getPluginVersion() const noexcept override;
+  const char* getPluginNamespace() const noexcept override;
+
+  // --- IPluginV3OneBuild
+  int32_t getNbOutputs() const noexcept override;
+  int32_t getOutputDataTypes(nvinfer1::DataType* output_types, int32_t nb_outputs,
+                             const nvinfer1::DataType* input_types, int32_t nb_inputs) const noexcept override;
+  int32_t getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nb_inputs,
+                          const nvinfer1::DimsExprs* shape_inputs, int32_t nb_shape_inputs,
+                          nvinfer1::DimsExprs* outputs, int32_t nb_outputs,
+                          nvinfer1::IExprBuilder& expr_builder) noexcept override;
+  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* in_out, int32_t nb_inputs,
+                                 int32_t nb_outputs) noexcept override;
+  int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nb_inputs,
+                          const nvinfer1::DynamicPluginTensorDesc* out, int32_t nb_outputs) noexcept override;
+  size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nb_inputs,
+                          const nvinfer1::DynamicPluginTensorDesc* outputs,
+                          int32_t nb_outputs) const noexcept override;
+  const char* getTimingCacheID() noexcept override;
+  const char* getMetadataString() noexcept override;
+
+  // --- IPluginV3OneRuntime
+  int32_t onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nb_inputs, const nvinfer1::PluginTensorDesc* out,
+                        int32_t nb_outputs) noexcept override;
+  int32_t enqueue(const nvinfer1::PluginTensorDesc* input_desc, const nvinfer1::PluginTensorDesc* output_desc,
+                  const void* const* inputs, void* const* outputs, void* workspace,
+                  cudaStream_t stream) noexcept override;
+  nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
+  const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
+
+ private:
+  // "FusedAttention node '<name>': <what>", reported as an error through TensorRT's logger.
+  void report(const std::string& what) const noexcept;
+  // Checks the input count and the rank of every input; "" when valid.
+  std::string check_io_count(int32_t nb_inputs, int32_t nb_outputs) const;
+
+  std::string node_name_;
+  AttentionAttributes attrs_;
+  // Number of inputs (3 to 5) seen by configurePlugin / onShapeChange; enqueue does not receive it.
+  int32_t nb_inputs_ = 0;
+
+  // Storage behind getFieldsToSerialize(); rebuilt on each call.
+  float field_scale_ = 0.0f;
+  int32_t field_is_causal_ = 0;
+  float field_softcap_ = 0.0f;
+  std::vector<nvinfer1::PluginField> fields_;
+  nvinfer1::PluginFieldCollection field_collection_{};
+  std::string metadata_;
+};
+
+// DataType -> the element type of shape_check.h (kOther for anything the contract does not know).
+ElemType to_elem_type(nvinfer1::DataType t);
+
+}  // namespace opsfuse::trt
