@@ -865,7 +865,7 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
   }
   // Rounding-noise floor relative to the output's magnitude, as tests/accuracy.py: half an ulp
   // for float16 / bfloat16, 4 ulps for float32 (streaming softmax sums differently).
-  double ref_max = 0.0;
+  double ref_max = 1.0;  // max(1, max |ref|), as tests/accuracy.py
   for (double r : ref) ref_max = std::max(ref_max, std::fabs(r));
   const double eps = c.dtype == DataType::kFLOAT ? 0x1p-23 : (c.dtype == DataType::kHALF ? 0x1p-10 : 0x1p-7);
   const double floor = (c.dtype == DataType::kFLOAT ? 4.0 : 0.5) * eps * ref_max;
