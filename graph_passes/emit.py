@@ -1,0 +1,132 @@
+"""Building blocks the rules use to emit nodes: the FusedAttention node, folded masks, output
+replacement that keeps the original value name, and removal of nodes made dead by a rewrite."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from .. import contract
+
+PLUGIN_VERSION_ATTR = "plugin_version"
+PLUGIN_NAMESPACE_ATTR = "plugin_namespace"
+
+
+def base_name(*nodes: ir.Node) -> str:
+    """A name prefix for new nodes: the scope of the first named node (``/m/layer.0/attn``)."""
+    for n in nodes:
+        if n.name:
+            head, sep, _ = n.name.rpartition("/")
+            return head if sep and head else n.name
+    return "opsfuse"
+
+
+def _attr(name: str, value) -> ir.Attr:
+    if isinstance(value, bool) or isinstance(value, int):
+        return ir.Attr(name, ir.AttributeType.INT, int(value))
+    if isinstance(value, float):
+        return ir.Attr(name, ir.AttributeType.FLOAT, float(value))
+    if isinstance(value, str):
+        return ir.Attr(name, ir.AttributeType.STRING, value)
+    if isinstance(value, (list, tuple)):
+        return ir.Attr(name, ir.AttributeType.INTS, [int(v) for v in value])
+    if isinstance(value, ir.TensorProtocol):
+        return ir.Attr(name, ir.AttributeType.TENSOR, value)
+    raise TypeError(f"attribute {name}: unsupported value {value!r}")
+
+
+def node(new_nodes: list, op_type: str, inputs, attrs: dict | None = None, name: str = "",
+         domain: str = "") -> ir.Value:
+    """Appends a one-output node to `new_nodes` and returns its output."""
+    n = ir.Node(domain, op_type, list(inputs), [_attr(k, v) for k, v in (attrs or {}).items()], name=name or None)
+    if name:
+        n.outputs[0].name = f"{name}_output"
+    new_nodes.append(n)
+    return n.outputs[0]
+
+
+def constant(new_nodes: list, value: float, dtype: ir.DataType, name: str) -> ir.Value:
+    """A scalar Constant of `dtype` holding `value` (rounded to `dtype` as the original would)."""
+    arr = np.array(value, dtype=dtype.numpy())
+    return node(new_nodes, "Constant", [], {"value": ir.tensor(arr, name=name)}, name)
+
+
+def combine_masks(new_nodes: list, terms, dtype: ir.DataType, base: str) -> ir.Value | None:
+    """One attn_mask input from the matched mask terms (see sdpa_subgraph.MaskTerm).
+
+    A single bool term stays bool. Otherwise each term becomes additive and they are summed in
+    the original order: bool -> Where(visible, 0, -inf); a Where with finite fill f ->
+    Where(cond, 0, f) (the original's value at masked keys, see sdpa_subgraph's docstring)."""
+    if not terms:
+        return None
+    if len(terms) == 1 and terms[0].kind == "bool" and terms[0].fill is None:
+        t = terms[0]
+        if t.negate:
+            return node(new_nodes, "Not", [t.value], name=f"{base}/mask_not")
+        return t.value
+    total = None
+    for i, t in enumerate(terms):
+        if t.kind == "add":
+            term = t.value
+        else:
+            fill = -np.inf if t.fill is None else t.fill
+            zero = constant(new_nodes, 0.0, dtype, f"{base}/mask{i}_zero")
+            neg = constant(new_nodes, fill, dtype, f"{base}/mask{i}_fill")
+            a, b = (neg, zero) if t.negate else (zero, neg)
+            term = node(new_nodes, "Where", [t.value, a, b], name=f"{base}/mask{i}_where")
+        total = term if total is None else node(new_nodes, "Add", [total, term], name=f"{base}/mask{i}_add")
+    return total
+
+
+def fused_attention(new_nodes: list, q, k, v, mask, key_lengths, *, scale: float | None, is_causal: int,
+                    softcap: float, name: str, like: ir.Value | None = None) -> ir.Node:
+    """Appends the com.opsfuse::FusedAttention node; its output copies `like`'s type and shape."""
+    inputs = [q, k, v, mask, key_lengths]
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    attrs = []
+    if scale is not None:
+        attrs.append(_attr(contract.ATTR_SCALE, float(np.float32(scale))))
+    attrs.append(_attr(contract.ATTR_IS_CAUSAL, int(is_causal)))
+    attrs.append(_attr(contract.ATTR_SOFTCAP, float(softcap)))
+    attrs.append(_attr(PLUGIN_VERSION_ATTR, contract.TRT_PLUGIN_VERSION))
+    attrs.append(_attr(PLUGIN_NAMESPACE_ATTR, contract.TRT_PLUGIN_NAMESPACE))
+    n = ir.Node(contract.DOMAIN, contract.OP_NAME, inputs, attrs, name=name)
+    out = n.outputs[0]
+    if like is not None:
+        out.type = like.type
+        out.shape = like.shape
+    new_nodes.append(n)
+    return n
+
+
+def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """Every use of `old` (graph outputs included) reads `new`, which takes `old`'s name."""
+    name = old.name
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    old.name = f"{name}__opsfuse_replaced"
+    new.name = name
+    if new.type is None and old.type is not None:
+        new.type = old.type
+    if new.shape is None and old.shape is not None:
+        new.shape = old.shape
+
+
+def remove_dead(graph: ir.Graph, start: list[ir.Node]) -> int:
+    """Removes `start` and, transitively, the producers that nothing reads any more (only nodes
+    made dead by the rewrite are considered; graph outputs are kept). Returns how many."""
+    removed = 0
+    work = list(start)
+    seen: set[int] = set()
+    while work:
+        n = work.pop()
+        if id(n) in seen or n.graph is not graph:
+            continue
+        if any(out.uses() or out.is_graph_output() for out in n.outputs):
+            continue
+        seen.add(id(n))
+        producers = [v.producer() for v in n.inputs if v is not None and v.producer() is not None]
+        graph.remove(n, safe=True)
+        removed += 1
+        work.extend(producers)
+    return removed

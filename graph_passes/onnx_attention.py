@@ -1,0 +1,166 @@
+"""Rule ``onnx_attention``: the standard ONNX ``Attention`` operator (opset 23 / 24) -> FusedAttention.
+
+FusedAttention's semantics are those of ONNX Attention without past/present, so the conversion
+is one-to-one:
+
+- 4-D Q, K, V (B, H, S, D) go in as they are; the 3-D form (B, S, H*D) with ``q_num_heads`` /
+  ``kv_num_heads`` gets Reshape (B, S, H, D) + Transpose (0, 2, 1, 3) on each input and the
+  inverse on Y, as the operator's own definition does.
+- ``scale`` is copied (absent: both default to 1/sqrt(D)); ``attn_mask`` (bool or Q's type)
+  is copied; ``is_causal`` = 1 without a cache is upper-left aligned, as FusedAttention's 1;
+  opset 24's ``nonpad_kv_seqlen`` becomes ``key_lengths``.
+
+Left alone, with a reason: past_key/past_value inputs, used present_key/present_value or
+qk_matmul_output outputs, sliding windows, ``is_causal`` together with ``nonpad_kv_seqlen``
+(per-batch alignment FusedAttention does not have), a mask whose key dimension is not provably
+the full key length (ONNX pads a shorter mask), and ``softcap`` together with any mask: the order
+of softcap and masking has differed between versions of the operator's definition and its
+implementations, so such a node is not provably equal to FusedAttention (softcap first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx_ir as ir
+
+from .. import contract
+from . import emit
+from .ir_utils import VALUE_DTYPES, dtype_of
+from .sdpa_subgraph import Reject
+from .shape_info import rank, same_dim
+
+NAME = "onnx_attention"
+
+_IN_MASK, _IN_PAST_K, _IN_PAST_V, _IN_NONPAD = 3, 4, 5, 6
+
+
+@dataclasses.dataclass
+class Match:
+    node: ir.Node
+
+    @property
+    def where(self) -> list[str]:
+        return [self.node.name or "Attention"]
+
+
+@dataclasses.dataclass
+class Plan:
+    three_d: bool
+    q_heads: int | None
+    kv_heads: int | None
+    mask: ir.Value | None
+    key_lengths: ir.Value | None
+    scale: float | None
+    is_causal: int
+    softcap: float
+    mask_kind: str = ""
+
+
+def is_candidate(node: ir.Node) -> bool:
+    return node.op_type == "Attention" and node.domain in ("", "ai.onnx")
+
+
+def pattern(node: ir.Node) -> Match:
+    return Match(node)
+
+
+def _input(node: ir.Node, i: int) -> ir.Value | None:
+    return node.inputs[i] if len(node.inputs) > i else None
+
+
+def check(match: Match, shapes: dict, opset: int) -> Plan:
+    n = match.node
+    if _input(n, _IN_PAST_K) is not None or _input(n, _IN_PAST_V) is not None:
+        raise Reject("Attention with past_key/past_value (a KV cache) is not converted")
+    for i, out in enumerate(n.outputs[1:], start=1):
+        if out is not None and (out.uses() or out.is_graph_output()):
+            what = {1: "present_key", 2: "present_value", 3: "qk_matmul_output"}.get(i, f"output {i}")
+            raise Reject(f"Attention's {what} output is used")
+    for attr in ("left_window_size", "right_window_size"):
+        if n.attributes.get_int(attr, -1) >= 0:
+            raise Reject(f"Attention with {attr} (sliding window) is not converted")
+    q, k, v = n.inputs[0], n.inputs[1], n.inputs[2]
+    mask, nonpad = _input(n, _IN_MASK), _input(n, _IN_NONPAD)
+    is_causal = n.attributes.get_int("is_causal", 0)
+    softcap = n.attributes.get_float("softcap", 0.0)
+    if softcap > 0 and (mask is not None or is_causal or nonpad is not None):
+        raise Reject("Attention with softcap and a mask: the order of softcap and masking is not provably "
+                     "FusedAttention's (softcap before the mask)")
+    if is_causal and nonpad is not None:
+        raise Reject("Attention with is_causal and nonpad_kv_seqlen aligns the causal mask per batch")
+    t = dtype_of(q, shapes)
+    if t not in VALUE_DTYPES:
+        raise Reject(f"Q has element type {t}; FusedAttention supports float32, float16 and bfloat16")
+    if dtype_of(k, shapes) != t or dtype_of(v, shapes) != t:
+        raise Reject(f"Q, K and V differ in element type ({t}, {dtype_of(k, shapes)}, {dtype_of(v, shapes)})")
+    r = rank(shapes, q)
+    if r is None or rank(shapes, k) != r or rank(shapes, v) != r or r not in (3, 4):
+        raise Reject(f"cannot prove Q, K and V are all rank 4 or all rank 3 (Q rank {r})")
+    three_d = r == 3
+    q_heads = kv_heads = None
+    if three_d:
+        q_heads = n.attributes.get_int("q_num_heads", 0)
+        kv_heads = n.attributes.get_int("kv_num_heads", 0)
+        if q_heads <= 0 or kv_heads <= 0:
+            raise Reject("3-D Attention without q_num_heads/kv_num_heads")
+    if mask is not None:
+        mt = dtype_of(mask, shapes)
+        if mt not in (ir.DataType.BOOL, t):
+            raise Reject(f"attn_mask has element type {mt}; FusedAttention takes bool or Q's type {t}")
+        mr = rank(shapes, mask)
+        if mr is None or not contract.MIN_MASK_RANK <= mr <= contract.MAX_MASK_RANK:
+            raise Reject(f"attn_mask rank {mr} is not provably 2 to 4")
+        kv_len = shapes[k.name][1 if three_d else 2]
+        if not (same_dim(shapes[mask.name][-1], kv_len)):
+            raise Reject("cannot prove attn_mask's last dimension is the full key length (ONNX pads a shorter mask)")
+    if nonpad is not None and dtype_of(nonpad, shapes) not in (ir.DataType.INT64, ir.DataType.INT32):
+        raise Reject("nonpad_kv_seqlen is not int32/int64")
+    scale_attr = n.attributes.get("scale")
+    scale = None if scale_attr is None else float(scale_attr.value)
+    mask_kind = "" if mask is None else ("bool" if dtype_of(mask, shapes) == ir.DataType.BOOL else "additive")
+    return Plan(three_d, q_heads, kv_heads, mask, nonpad, scale, 1 if is_causal else 0, softcap, mask_kind)
+
+
+def _to_bnsh(new_nodes, x: ir.Value, heads: int, name: str) -> ir.Value:
+    shape = emit.node(new_nodes, "Constant", [], {"value": ir.tensor([0, 0, heads, -1], dtype=ir.DataType.INT64,
+                                                                      name=f"{name}_shape")}, f"{name}_shape")
+    x4 = emit.node(new_nodes, "Reshape", [x, shape], name=f"{name}_reshape")
+    return emit.node(new_nodes, "Transpose", [x4], {"perm": [0, 2, 1, 3]}, f"{name}_transpose")
+
+
+def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
+    n = match.node
+    base = n.name or "Attention"
+    new_nodes: list[ir.Node] = []
+    q, k, v = n.inputs[0], n.inputs[1], n.inputs[2]
+    y_old = n.outputs[0]
+    if plan.three_d:
+        q = _to_bnsh(new_nodes, q, plan.q_heads, f"{base}/Q")
+        k = _to_bnsh(new_nodes, k, plan.kv_heads, f"{base}/K")
+        v = _to_bnsh(new_nodes, v, plan.kv_heads, f"{base}/V")
+    fused = emit.fused_attention(new_nodes, q, k, v, plan.mask, plan.key_lengths, scale=plan.scale,
+                                 is_causal=plan.is_causal, softcap=plan.softcap, name=f"{base}/FusedAttention",
+                                 like=None if plan.three_d else y_old)
+    y = fused.outputs[0]
+    if plan.three_d:
+        y = emit.node(new_nodes, "Transpose", [y], {"perm": [0, 2, 1, 3]}, f"{base}/Y_transpose")
+        shape = emit.node(new_nodes, "Constant", [], {"value": ir.tensor([0, 0, -1], dtype=ir.DataType.INT64,
+                                                                          name=f"{base}/Y_shape")}, f"{base}/Y_shape")
+        y = emit.node(new_nodes, "Reshape", [y, shape], name=f"{base}/Y_reshape")
+        y.type, y.shape = y_old.type, y_old.shape
+    graph.insert_before(n, new_nodes)
+    emit.replace_output(graph, y_old, y)
+    emit.remove_dead(graph, [n])
+    return fused
+
+
+def details(match: Match, plan: Plan) -> dict:
+    return {
+        "scale": plan.scale,
+        "is_causal": plan.is_causal,
+        "softcap": plan.softcap,
+        "masks": [plan.mask_kind] if plan.mask_kind else [],
+        "key_lengths": plan.key_lengths is not None,
+        "three_d": plan.three_d,
+    }

@@ -1,0 +1,85 @@
+"""The rewrite pipeline: every rule, in order, over every candidate; returns {pass name: count}."""
+
+from __future__ import annotations
+
+import time
+
+import onnx
+import onnx_ir as ir
+
+from .. import contract
+from . import onnx_attention, sdpa_subgraph
+from .report import Candidate, Report
+from .sdpa_subgraph import Reject
+from .shape_info import infer_shapes
+
+# Each rule module has NAME, is_candidate(node), pattern(node) -> match, check(match, shapes,
+# opset) -> plan, rewrite(graph, match, plan, shapes) -> fused node, details(match, plan).
+PASSES = (onnx_attention, sdpa_subgraph)
+
+
+def _opset(model: ir.Model) -> int:
+    for domain in ("", "ai.onnx"):
+        if domain in model.opset_imports:
+            return int(model.opset_imports[domain])
+    return 1
+
+
+def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES) -> dict[str, int]:
+    """Rewrites `model` (onnx-ir, in place); returns {pass name: fused count}. Fills `report`."""
+    report = report if report is not None else Report()
+    start = time.perf_counter()
+    graph = model.graph
+    opset = _opset(model)
+    softmaxes = [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
+    if not softmaxes and not any(onnx_attention.is_candidate(n) for n in graph):
+        report.counts.update({p.NAME: 0 for p in passes})
+        report.seconds = time.perf_counter() - start
+        return dict(report.counts)
+    shapes = infer_shapes(model)
+    for rule in passes:
+        count = 0
+        for node in list(graph):
+            if node.graph is not graph or not rule.is_candidate(node):
+                continue
+            cand = Candidate(rule=rule.NAME, nodes=[node.name or node.op_type])
+            report.candidates.append(cand)
+            try:
+                match = rule.pattern(node)
+                cand.nodes = match.where
+                plan = rule.check(match, shapes, opset)
+                fused = rule.rewrite(graph, match, plan, shapes)
+            except Reject as exc:
+                cand.reason = str(exc)
+                continue
+            cand.fused = True
+            cand.fused_node = fused.name
+            cand.details = rule.details(match, plan)
+            count += 1
+        report.counts[rule.NAME] = count
+    taken = {id(n) for n in softmaxes if n.graph is not graph}
+    report.other_softmax = [n.name or "Softmax" for n in softmaxes
+                            if id(n) not in taken and n.graph is graph and not sdpa_subgraph.is_candidate(n)]
+    if report.fused:
+        model.opset_imports[contract.DOMAIN] = contract.OP_VERSION
+    report.seconds = time.perf_counter() - start
+    return dict(report.counts)
+
+
+def fuse_attention(model):
+    """Fuses every provable attention subgraph into com.opsfuse::FusedAttention.
+
+    `model` is an ``onnx.ModelProto`` (a rewritten copy is returned; the argument is not changed)
+    or an ``onnx_ir.Model`` (rewritten in place and returned). Returns ``(model, report)``.
+    """
+    report = Report()
+    if isinstance(model, onnx.ModelProto):
+        ir_model = ir.serde.deserialize_model(model)
+        # deserialize_model shares nothing mutable with the proto, but its tensors may view the
+        # proto's bytes: serialize before the caller can change them.
+        run_pipeline(ir_model, report)
+        return ir.serde.serialize_model(ir_model), report
+    if isinstance(model, ir.Model):
+        run_pipeline(model, report)
+        return model, report
+    raise TypeError(f"fuse_attention takes an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")

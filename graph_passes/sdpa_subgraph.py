@@ -1,0 +1,498 @@
+"""Rule ``sdpa_subgraph``: MatMul(Q, K^T) -> [scale] -> [softcap] -> [masks] -> Softmax -> MatMul(P, V).
+
+The form every exporter produces for eager attention, and TorchScript exports of
+``scaled_dot_product_attention``. Variants covered (any combination):
+
+- scale: Mul or Div by a scalar constant on the scores, on Q, on K, or split as sqrt(scale) on
+  both (torch's SDPA export), or absent (1.0); constants through Cast / Sqrt / Reciprocal chains.
+  The fused ``scale`` is the product of the constants' exact values (a float16 constant keeps
+  its float16 rounding).
+- K layout: any chain of Transposes and scalar Muls over a rank-4 tensor (``[0,1,3,2]`` on
+  BNSH, ``[0,2,3,1]`` on BSNH); any other rank-4 K^T (e.g. Reshape/Transpose/Reshape) gets one
+  explicit Transpose(0,1,3,2): data movement only, so exact.
+- masks: additive ``Add`` (either operand order, any broadcast shape that does not grow the
+  scores; several Adds are folded into one mask input), ``Where(cond, scores, fill)`` or
+  ``Where(cond, fill, scores)`` bool masks, and the softcap ``c*tanh(s/c)``.
+- after Softmax: the NaN guard ``Where(IsNaN(p), 0, p)``, inference ``Dropout``, ``Identity``
+  and ``Cast`` chains (half-precision models that run softmax in float32).
+- GQA / MQA: repeat-kv before the MatMuls is absorbed (see ``layout.py``); a K/V with one head
+  broadcast by MatMul is MQA.
+
+Exactness decisions (each rejection below is a stated reason in the report):
+
+- Fully masked rows. An additive mask is passed through unchanged, so a row masked with a large
+  finite value (Hugging Face's ``finfo.min``) still gives the same uniform attention as the
+  original, because the op adds the mask in float32 exactly as the float32 original does. A
+  row that is entirely -inf gives NaN in the original (or 0 behind a NaN guard) and 0 in the
+  fused op: NaN is the only value that changes.
+- ``Where(cond, scores, fill)`` with fill = -inf becomes a bool mask (same rows; a fully
+  masked row: NaN or guarded 0 before, 0 after). With a finite fill, a fully masked row gives
+  uniform attention in the original while a bool mask would give zeros, so the mask is emitted
+  as the additive ``Where(cond, 0, fill)`` instead -- exact when ``s + fill`` rounds to ``fill``
+  for every plausible score, i.e. |fill| >= 1e30 in float32 (``finfo(float32).min``). Smaller
+  fills (-1e9, -10000, float16's -65504) are left alone with a reason: no single fused node can
+  reproduce their fully masked rows.
+- A scale applied after an additive mask (``(s + m) * c``) would scale the mask: left alone.
+- Casts before the Softmax must be widening (or no-ops); casts after it may not pass through a
+  type narrower than Q's; the additive mask must have Q's type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import onnx_ir as ir
+
+from .. import contract
+from . import emit
+from .ir_utils import (
+    VALUE_DTYPES,
+    compose_perm,
+    const_array,
+    dtype_of,
+    float_repr,
+    is_default_domain,
+    is_identity_perm,
+    only_consumer,
+    op,
+    scalar_const,
+    transpose_perm,
+    widening_or_same,
+)
+from .layout import unrepeat_kv
+from .shape_info import rank, same_dim
+
+NAME = "sdpa_subgraph"
+
+# |fill| at or above which s + fill == fill in float32 for any |s| < ~1e22 (ulp(1e30) ~ 7.6e22).
+HUGE_FILL = 1e30
+SWAP_LAST = (0, 1, 3, 2)
+_MAX_DEPTH = 24
+
+
+class Reject(Exception):
+    """The candidate cannot be fused; the message is the reason shown to the user."""
+
+
+@dataclasses.dataclass
+class MaskTerm:
+    kind: str  # "add": value is added to the scores; "bool": value (bool) says where keys are visible
+    value: ir.Value
+    node: ir.Node  # the Add or Where node
+    scores_in: ir.Value  # that node's scores-side input
+    negate: bool = False  # bool: visible = Not(value)
+    fill: float | None = None  # bool from Where with a finite fill: emitted as Where(cond, 0, fill)
+
+
+@dataclasses.dataclass
+class Match:
+    softmax: ir.Node
+    qk: ir.Node
+    pv: ir.Node
+    q: ir.Value
+    k_base: ir.Value  # K^T = Transpose(k_base, k_perm) (times scale constants)
+    k_perm: tuple
+    v: ir.Value
+    scale: float
+    softcap: float
+    masks: list  # MaskTerm, nearest to the MatMul first
+    pre_casts: list  # Cast nodes between the QK MatMul and the Softmax
+    post_casts: list  # Cast nodes between the Softmax and the PV MatMul
+    internal: list  # values between qk and pv that must feed nothing else
+    nan_guard: bool = False
+
+    @property
+    def where(self) -> list[str]:
+        return [n.name or n.op_type for n in (self.qk, self.softmax, self.pv)]
+
+
+@dataclasses.dataclass
+class Plan:
+    """What check() proved, for rewrite(): the tensors the fused node reads."""
+
+    k: ir.Value
+    k_perm: tuple | None  # None: use k as is; else Transpose(k, perm)
+    v: ir.Value
+    n_rep: int  # 1 or the absorbed repeat-kv factor
+    dtype: ir.DataType
+
+
+# --------------------------------------------------------------------------------------------
+# pattern
+
+
+def is_candidate(softmax: ir.Node) -> bool:
+    """A Softmax whose probabilities (through the allowed post-softmax ops) feed a MatMul as its
+    first input: the shape of attention. Other softmaxes (classifier heads, routers) are not
+    candidates and are never touched."""
+    if softmax.op_type != "Softmax" or not is_default_domain(softmax):
+        return False
+    value = softmax.outputs[0]
+    for _ in range(8):
+        users = [u for u in value.uses()]
+        mm = [u for u in users if u.node.op_type == "MatMul" and is_default_domain(u.node) and u.idx == 0]
+        if mm:
+            return True
+        nexts = [u.node for u in users if u.node.op_type in ("Cast", "Dropout", "Identity", "Where")]
+        if not nexts:
+            return False
+        value = nexts[0].outputs[0]
+    return False
+
+
+def _strip_scale(value: ir.Value) -> tuple[ir.Value, float]:
+    """Walks back through Mul / Div by scalar constants; returns (base, product of factors)."""
+    scale = 1.0
+    for _ in range(_MAX_DEPTH):
+        node = op(value, "Mul", "Div", "Identity")
+        if node is None:
+            break
+        if node.op_type == "Identity":
+            value = node.inputs[0]
+            continue
+        c1 = scalar_const(node.inputs[1])
+        if c1 is not None:
+            scale = scale * c1 if node.op_type == "Mul" else scale / c1
+            value = node.inputs[0]
+            continue
+        if node.op_type == "Mul":
+            c0 = scalar_const(node.inputs[0])
+            if c0 is not None:
+                scale *= c0
+                value = node.inputs[1]
+                continue
+        break
+    return value, scale
+
+
+def _strip_k(value: ir.Value) -> tuple[ir.Value, tuple, float]:
+    """Walks back through Transposes (rank 4) and scalar Mul / Div; returns (base, perm, scale)
+    with K^T == Transpose(base, perm) * scale."""
+    perm = (0, 1, 2, 3)
+    scale = 1.0
+    for _ in range(_MAX_DEPTH):
+        value, s = _strip_scale(value)
+        scale *= s
+        node = op(value, "Transpose")
+        if node is None:
+            break
+        p = transpose_perm(node, 4)
+        if p is None or len(p) != 4:
+            break
+        perm = compose_perm(perm, p)
+        value = node.inputs[0]
+    return value, perm, scale
+
+
+@dataclasses.dataclass
+class _Scores:
+    qk: ir.Node
+    scale: float = 1.0
+    softcap: float = 0.0
+    masks: tuple = ()
+    casts: tuple = ()
+    internal: tuple = ()
+
+
+def _softcap_of(node: ir.Node) -> tuple[float, ir.Value] | None:
+    """Mul(Tanh(s / c), c) (either Mul operand order; s * (1/c) too) -> (c, s)."""
+    if node.op_type != "Mul":
+        return None
+    for i in (0, 1):
+        cap = scalar_const(node.inputs[1 - i])
+        tanh = op(node.inputs[i], "Tanh")
+        if cap is None or tanh is None or cap <= 0:
+            continue
+        inner = op(tanh.inputs[0], "Div", "Mul")
+        if inner is None:
+            continue
+        c = scalar_const(inner.inputs[1])
+        if c is None:
+            continue
+        div = c if inner.op_type == "Div" else (1.0 / c if c else math.inf)
+        if math.isclose(div, cap, rel_tol=1e-6):
+            return cap, inner.inputs[0]
+    return None
+
+
+def _parse_scores(value: ir.Value, depth: int, above: frozenset) -> _Scores:
+    """Parses the scores chain backwards from the Softmax input. `above` holds what was already
+    seen nearer the Softmax: 'scale' and/or 'softcap' (to enforce scale -> softcap -> mask)."""
+    if depth > _MAX_DEPTH:
+        raise Reject("the scores chain before the Softmax is too long to analyse")
+    node = value.producer()
+    if node is None or not is_default_domain(node):
+        raise Reject("the Softmax input is not computed from a MatMul of Q and K")
+    kind = node.op_type
+    if kind == "MatMul":
+        return _Scores(qk=node)
+    if kind in ("Cast", "Identity"):
+        inner = _parse_scores(node.inputs[0], depth + 1, above)
+        casts = inner.casts + ((node,) if kind == "Cast" else ())
+        return dataclasses.replace(inner, casts=casts, internal=inner.internal + (node.inputs[0],))
+    if kind in ("Mul", "Div"):
+        cap = _softcap_of(node) if kind == "Mul" else None
+        if cap is not None:
+            if "scale" in above:
+                raise Reject("a scale is applied after the softcap; FusedAttention scales before it")
+            inner = _parse_scores(cap[1], depth + 1, above | {"softcap"})
+            if inner.softcap:
+                raise Reject("two softcaps on the scores")
+            return dataclasses.replace(inner, softcap=cap[0], internal=inner.internal + (cap[1],))
+        c = scalar_const(node.inputs[1])
+        src = node.inputs[0]
+        if c is None and kind == "Mul":
+            c, src = scalar_const(node.inputs[0]), node.inputs[1]
+        if c is None:
+            raise Reject(f"the scores are multiplied by a non-constant or non-scalar ({node.name or kind})")
+        if c == 0 or not math.isfinite(c):
+            raise Reject(f"scale constant {float_repr(c)} is not a finite non-zero number")
+        if "softcap" in above:
+            raise Reject("a scale is applied after the softcap; FusedAttention scales before it")
+        inner = _parse_scores(src, depth + 1, above | {"scale"})
+        factor = c if kind == "Mul" else 1.0 / c
+        return dataclasses.replace(inner, scale=inner.scale * factor, internal=inner.internal + (src,))
+    if kind == "Add":
+        errors = []
+        for i in (0, 1):
+            try:
+                inner = _parse_scores(node.inputs[i], depth + 1, above)
+            except Reject as exc:
+                errors.append(str(exc))
+                continue
+            if "scale" in above or "softcap" in above:
+                raise Reject("an additive mask is added before the scale or softcap is applied "
+                             "(FusedAttention adds the mask last)")
+            term = MaskTerm("add", node.inputs[1 - i], node, node.inputs[i])
+            return dataclasses.replace(inner, masks=inner.masks + (term,),
+                                       internal=inner.internal + (node.inputs[i],))
+        raise Reject(errors[0] if errors else "Add before the Softmax has no scores operand")
+    if kind == "Where":
+        cond, a, b = node.inputs
+        fa, fb = scalar_const(a), scalar_const(b)
+        if fb is not None and fa is None:
+            scores, fill, negate = a, fb, False
+        elif fa is not None and fb is None:
+            scores, fill, negate = b, fa, True
+        else:
+            raise Reject("a Where before the Softmax does not select between the scores and a constant")
+        if not (fill < 0 and (math.isinf(fill) or abs(fill) >= HUGE_FILL)):
+            raise Reject(
+                f"Where mask fills with {float_repr(fill)}: a fully masked row gives uniform attention in the "
+                "original, which FusedAttention reproduces only for -inf or |fill| >= 1e30"
+            )
+        if ("scale" in above or "softcap" in above) and not math.isinf(fill):
+            raise Reject("a finite Where mask is applied before the scale or softcap")
+        inner = _parse_scores(scores, depth + 1, above)
+        term = MaskTerm("bool", cond, node, scores, negate=negate, fill=None if math.isinf(fill) else fill)
+        return dataclasses.replace(inner, masks=inner.masks + (term,), internal=inner.internal + (scores,))
+    raise Reject(f"unsupported op {kind} ({node.name}) between the QK MatMul and the Softmax")
+
+
+def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool]:
+    """Softmax output -> [NaN guard | Cast | Dropout | Identity]* -> MatMul input 0.
+    Returns (pv MatMul, casts, internal values, nan_guard)."""
+    value = softmax.outputs[0]
+    casts, internal, guard = [], [], False
+    for _ in range(_MAX_DEPTH):
+        if value.is_graph_output():
+            raise Reject("the attention probabilities are a graph output")
+        users = list(value.uses())
+        nodes = {id(u.node): u.node for u in users}
+        if len(nodes) == 2:
+            # The NaN guard: IsNaN(p) and Where(IsNaN(p), 0, p).
+            isnan = next((n for n in nodes.values() if n.op_type == "IsNaN"), None)
+            where = next((n for n in nodes.values() if n.op_type == "Where"), None)
+            if (isnan is not None and where is not None and len(users) == 2
+                    and where.inputs[0] is isnan.outputs[0] and where.inputs[2] is value
+                    and len(list(isnan.outputs[0].uses())) == 1 and not isnan.outputs[0].is_graph_output()
+                    and scalar_const(where.inputs[1]) == 0.0):
+                internal += [value, isnan.outputs[0]]
+                value = where.outputs[0]
+                guard = True
+                continue
+            raise Reject("the attention probabilities have other consumers: "
+                         + ", ".join(sorted(n.name or n.op_type for n in nodes.values())))
+        node = only_consumer(value)
+        if node is None:
+            if not users:
+                raise Reject("the Softmax output is unused")
+            raise Reject("the attention probabilities have other consumers: "
+                         + ", ".join(sorted({u.node.name or u.node.op_type for u in users})))
+        if not is_default_domain(node):
+            raise Reject(f"the probabilities feed {node.domain}::{node.op_type}, not a MatMul")
+        internal.append(value)
+        if node.op_type == "MatMul":
+            if node.inputs[0] is not value:
+                raise Reject("the probabilities are the second MatMul input (P must multiply V from the left)")
+            return node, casts, internal, guard
+        if node.op_type == "Cast":
+            casts.append(node)
+        elif node.op_type == "Dropout":
+            training = node.inputs[2] if len(node.inputs) > 2 else None
+            if training is not None:
+                t = const_array(training)
+                if t is None or bool(t.reshape(-1)[0]):
+                    raise Reject("Dropout after the Softmax may be in training mode")
+            if len(node.outputs) > 1 and node.outputs[1].uses():
+                raise Reject("the Dropout mask output is used")
+        elif node.op_type != "Identity":
+            raise Reject(f"the probabilities go through {node.op_type} ({node.name}) before the MatMul with V")
+        value = node.outputs[0]
+    raise Reject("the chain after the Softmax is too long to analyse")
+
+
+def pattern(softmax: ir.Node) -> Match:
+    """The attention subgraph around `softmax`, structurally. Raises Reject with a reason."""
+    pv, post_casts, post_internal, guard = _walk_after_softmax(softmax)
+    scores = _parse_scores(softmax.inputs[0], 0, frozenset())
+    qk = scores.qk
+    q, q_scale = _strip_scale(qk.inputs[0])
+    k_base, k_perm, k_scale = _strip_k(qk.inputs[1])
+    scale = scores.scale * q_scale * k_scale
+    return Match(
+        softmax=softmax, qk=qk, pv=pv, q=q, k_base=k_base, k_perm=k_perm, v=pv.inputs[1],
+        scale=scale, softcap=scores.softcap, masks=list(scores.masks), pre_casts=list(scores.casts),
+        post_casts=post_casts, internal=[qk.outputs[0], *scores.internal, softmax.inputs[0], *post_internal],
+        nan_guard=guard,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# check
+
+
+def _softmax_axis_ok(node: ir.Node, scores_rank: int, opset: int) -> bool:
+    if opset >= 13:
+        axis = node.attributes.get_int("axis", -1)
+    else:
+        # Opsets < 13 coerce the input to 2-D at `axis`: equal to a last-axis softmax only
+        # when axis is the last axis.
+        axis = node.attributes.get_int("axis", 1)
+    return axis in (-1, scores_rank - 1)
+
+
+def _shape_str(shapes, value) -> str:
+    s = shapes.get(value.name) if value is not None else None
+    return "unknown" if s is None else "(" + ", ".join("?" if d is None else str(d) for d in s) + ")"
+
+
+def check(match: Match, shapes: dict, opset: int) -> Plan:
+    """Proves that the matched subgraph computes FusedAttention exactly. Raises Reject."""
+    m = match
+    scores = m.qk.outputs[0]
+    kt = m.qk.inputs[1]
+    for name, value in (("Q", m.q), ("K^T", kt), ("V", m.v), ("scores", scores)):
+        r = rank(shapes, value)
+        if r is None:
+            raise Reject(f"cannot prove the rank of {name} ({value.name}): its shape is unknown")
+        if r != 4:
+            raise Reject(f"{name} has rank {r}; FusedAttention needs rank-4 (B, H, S, D) tensors")
+    if not _softmax_axis_ok(m.softmax, 4, opset):
+        raise Reject(f"Softmax axis {m.softmax.attributes.get_int('axis', -1 if opset >= 13 else 1)} is not the "
+                     f"key axis (opset {opset})")
+    # Internal values must feed only the chain.
+    for value in m.internal:
+        if value.is_graph_output():
+            raise Reject(f"intermediate {value.name} is a graph output")
+        users = {id(u.node) for u in value.uses()}
+        if len(users) != 1 and not (m.nan_guard and len(users) == 2):
+            raise Reject(f"intermediate {value.name} has other consumers")
+    # dtypes
+    t = dtype_of(m.q, shapes)
+    if t not in VALUE_DTYPES:
+        raise Reject(f"Q has element type {t}; FusedAttention supports float32, float16 and bfloat16")
+    for name, value in (("K", kt), ("V", m.v), ("output", m.pv.outputs[0]), ("scores", scores)):
+        if dtype_of(value, shapes) != t:
+            raise Reject(f"{name} has element type {dtype_of(value, shapes)}, Q has {t}: mixed precision")
+    for cast in m.pre_casts:
+        src, dst = dtype_of(cast.inputs[0], shapes), ir.DataType(cast.attributes.get_int("to"))
+        if not widening_or_same(src, dst):
+            raise Reject(f"Cast {cast.name} before the Softmax narrows {src} to {dst}")
+    for cast in m.post_casts:
+        dst = ir.DataType(cast.attributes.get_int("to"))
+        if not widening_or_same(t, dst):
+            raise Reject(f"Cast {cast.name} after the Softmax rounds the probabilities to {dst}, narrower than {t}")
+    # Batch and head dims: Q is not broadcast; K and V have Q's batch and Q's heads or 1.
+    sq, sk, sv, ss = (shapes[x.name] for x in (m.q, kt, m.v, scores))
+    if not (same_dim(ss[0], sq[0]) and same_dim(ss[1], sq[1]) and same_dim(ss[2], sq[2])):
+        raise Reject(f"cannot prove Q {_shape_str(shapes, m.q)} is not broadcast by K^T {_shape_str(shapes, kt)}")
+    for name, s in (("K", sk), ("V", sv)):
+        if not same_dim(s[0], sq[0]):
+            raise Reject(f"cannot prove {name} has Q's batch size: Q {_shape_str(shapes, m.q)}, {name} {s}")
+        if not (same_dim(s[1], sq[1]) or s[1] == 1):
+            raise Reject(f"cannot prove {name} has Q's number of heads (or 1): Q {_shape_str(shapes, m.q)}, {name} {s}")
+    if not (same_dim(sk[1], sv[1])):
+        raise Reject(f"K and V have different head counts: K^T {sk}, V {sv}")
+    for name, d in (("D", sq[3]), ("Dv", sv[3])):
+        if isinstance(d, int) and not 1 <= d <= contract.MAX_HEAD_DIM:
+            raise Reject(f"head size {name}={d} is outside FusedAttention's 1..{contract.MAX_HEAD_DIM}")
+    if not math.isfinite(m.scale) or m.scale == 0:
+        raise Reject(f"the combined scale {m.scale} is not a finite non-zero number")
+    # Masks.
+    for term in m.masks:
+        out, src = term.node.outputs[0], term.scores_in
+        so, ssrc = shapes.get(out.name), shapes.get(src.name)
+        if so is None or ssrc is None or len(so) != len(ssrc) or not all(same_dim(a, b) for a, b in zip(so, ssrc)):
+            raise Reject(f"cannot prove the mask of {term.node.name} does not broadcast the scores to a larger "
+                         f"shape: scores {_shape_str(shapes, src)}, result {_shape_str(shapes, out)}")
+        mr = rank(shapes, term.value)
+        if mr is None or mr < contract.MIN_MASK_RANK:
+            raise Reject(f"mask {term.value.name} has rank {mr}; FusedAttention takes rank 2 to 4")
+        mt = dtype_of(term.value, shapes)
+        if term.kind == "add" and mt != dtype_of(src, shapes):
+            raise Reject(f"additive mask {term.value.name} is {mt}, the scores are {dtype_of(src, shapes)}")
+        if term.kind == "add" and mt != t:
+            raise Reject(f"additive mask {term.value.name} is {mt} but Q is {t}: the fused op would add it in {t}")
+        if term.kind == "bool" and mt != ir.DataType.BOOL:
+            raise Reject(f"the Where condition {term.value.name} is {mt}, not bool")
+    # K layout and repeat-kv.
+    k_perm = compose_perm(SWAP_LAST, m.k_perm)
+    k, v, n_rep = m.k_base, m.v, 1
+    if is_identity_perm(k_perm):
+        k_un, v_un = unrepeat_kv(k, shapes), unrepeat_kv(v, shapes)
+        if k_un is not None and v_un is not None and k_un[1] == v_un[1]:
+            k, v, n_rep = k_un[0], v_un[0], k_un[1]
+    if rank(shapes, m.k_base) != 4:
+        k, k_perm = kt, SWAP_LAST  # K^T came through something else: transpose it back explicitly
+    return Plan(k=k, k_perm=None if is_identity_perm(k_perm) else k_perm, v=v, n_rep=n_rep, dtype=t)
+
+
+# --------------------------------------------------------------------------------------------
+# rewrite
+
+
+def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
+    """Emits the FusedAttention node (and the few nodes that build its inputs) in place of the
+    subgraph; returns the new node. The old nodes are removed once nothing reads them."""
+    m = match
+    base = emit.base_name(m.softmax, m.qk)
+    new_nodes: list[ir.Node] = []
+    k = plan.k
+    if plan.k_perm is not None:
+        k = emit.node(new_nodes, "Transpose", [k], {"perm": list(plan.k_perm)}, f"{base}/K_transpose")
+    mask = emit.combine_masks(new_nodes, m.masks, plan.dtype, base)
+    y_old = m.pv.outputs[0]
+    fused = emit.fused_attention(
+        new_nodes, m.q, k, plan.v, mask, None, scale=m.scale, is_causal=0, softcap=m.softcap,
+        name=f"{base}/FusedAttention", like=y_old,
+    )
+    graph.insert_before(m.pv, new_nodes)
+    emit.replace_output(graph, y_old, fused.outputs[0])
+    emit.remove_dead(graph, [m.pv])
+    return fused
+
+
+def details(match: Match, plan: Plan) -> dict:
+    kinds = []
+    for t in match.masks:
+        kinds.append("additive" if t.kind == "add" else ("bool" if t.fill is None else f"where-fill {t.fill:g}"))
+    return {
+        "scale": float(np.float32(match.scale)),
+        "softcap": match.softcap,
+        "masks": kinds,
+        "gqa_repeat_absorbed": plan.n_rep if plan.n_rep > 1 else 0,
+        "nan_guard": match.nan_guard,
+    }

@@ -1,0 +1,280 @@
+"""Export tiny Hugging Face ``transformers`` models to ONNX for the attention-fusion tests.
+
+Every model is built from a config with random weights (nothing is downloaded), in both attention
+implementations (``eager`` and ``sdpa``), with torch.onnx's TorchScript exporter (``dynamo=False``,
+opsets 14 and 17) and its dynamo exporter (``dynamo=True``, opsets 18 and 23).
+
+    python models/export_models.py --out /tmp/models                 # everything
+    python models/export_models.py --out /tmp/m --only bert --exporter torchscript --opset 17
+    python models/export_models.py --default                         # models/tiny_bert.onnx
+
+``SPECS`` records, for each model, how many attention layers it has: the tests pin the fused count
+of every exported variant to that number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_MODEL = HERE / "tiny_bert.onnx"
+
+EXPORTS = (("torchscript", 14), ("torchscript", 17), ("dynamo", 18), ("dynamo", 23))
+ATTN_MODES = ("eager", "sdpa")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One model family: how to build it and its example inputs, and its attention-layer count."""
+
+    name: str
+    build: Callable  # (attn_implementation) -> (torch.nn.Module, dict[str, torch.Tensor], dynamic axes)
+    attention_layers: int
+    description: str
+
+
+def _wrap(model, input_names, output_getter):
+    """A module taking positional tensors (exporters want that) and returning one tensor."""
+    import torch
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            out = self.model(**dict(zip(input_names, args)))
+            return output_getter(out)
+
+    return Wrapper().eval()
+
+
+def _text_inputs(batch=2, seq=16, vocab=100, padded=True):
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    if padded and batch > 1:
+        mask[1, seq - 3 :] = 0  # a padded row so the exported mask path is not constant
+    return ids, mask
+
+
+def _bert(attn):
+    import transformers as tf
+
+    cfg = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, attn_implementation=attn)
+    model = tf.BertModel(cfg, add_pooling_layer=False).eval()
+    ids, mask = _text_inputs()
+    names = ["input_ids", "attention_mask"]
+    return _wrap(model, names, lambda o: o.last_hidden_state), {"input_ids": ids, "attention_mask": mask}, {
+        "input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+
+
+def _gpt2(attn):
+    import transformers as tf
+
+    cfg = tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False,
+                        bos_token_id=1, eos_token_id=2, attn_implementation=attn)
+    model = tf.GPT2Model(cfg).eval()
+    ids, mask = _text_inputs()
+    names = ["input_ids", "attention_mask"]
+    return _wrap(model, names, lambda o: o.last_hidden_state), {"input_ids": ids, "attention_mask": mask}, {
+        "input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+
+
+def _llama(attn, kv_heads=4):
+    import transformers as tf
+
+    cfg = tf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=kv_heads, intermediate_size=64, max_position_embeddings=64,
+                         use_cache=False, attn_implementation=attn)
+    model = tf.LlamaModel(cfg).eval()
+    ids, mask = _text_inputs()
+    names = ["input_ids", "attention_mask"]
+    return _wrap(model, names, lambda o: o.last_hidden_state), {"input_ids": ids, "attention_mask": mask}, {
+        "input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+
+
+def _qwen2_gqa(attn):
+    import transformers as tf
+
+    cfg = tf.Qwen2Config(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
+                         use_cache=False, attn_implementation=attn)
+    model = tf.Qwen2Model(cfg).eval()
+    ids, mask = _text_inputs()
+    names = ["input_ids", "attention_mask"]
+    return _wrap(model, names, lambda o: o.last_hidden_state), {"input_ids": ids, "attention_mask": mask}, {
+        "input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+
+
+def _vit(attn):
+    import torch
+    import transformers as tf
+
+    cfg = tf.ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=64, attn_implementation=attn)
+    model = tf.ViTModel(cfg, add_pooling_layer=False).eval()
+    pix = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return _wrap(model, ["pixel_values"], lambda o: o.last_hidden_state), {"pixel_values": pix}, {
+        "pixel_values": {0: "batch"}}
+
+
+def _t5(attn):
+    import transformers as tf
+
+    cfg = tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                      num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                      use_cache=False, decoder_start_token_id=0, attn_implementation=attn)
+    model = tf.T5Model(cfg).eval()
+    ids, mask = _text_inputs()
+    dec_ids, _ = _text_inputs(seq=8, padded=False)
+    names = ["input_ids", "attention_mask", "decoder_input_ids"]
+    return _wrap(model, names, lambda o: o.last_hidden_state), {
+        "input_ids": ids, "attention_mask": mask, "decoder_input_ids": dec_ids}, {
+        "input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+        "decoder_input_ids": {0: "batch", 1: "dec_seq"}}
+
+
+def _wav2vec2(attn):
+    import torch
+    import transformers as tf
+
+    cfg = tf.Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+                            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+                            do_stable_layer_norm=True, feat_extract_norm="layer", attn_implementation=attn)
+    model = tf.Wav2Vec2Model(cfg).eval()
+    wav = torch.randn(2, 800, generator=torch.Generator().manual_seed(0))
+    return _wrap(model, ["input_values"], lambda o: o.last_hidden_state), {"input_values": wav}, {
+        "input_values": {0: "batch", 1: "samples"}}
+
+
+def _whisper_encoder(attn):
+    import torch
+    import transformers as tf
+
+    cfg = tf.WhisperConfig(vocab_size=100, num_mel_bins=16, d_model=32, encoder_layers=2, decoder_layers=2,
+                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                           decoder_ffn_dim=64, max_source_positions=16, max_target_positions=16,
+                           pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+                           attn_implementation=attn)
+    encoder = tf.WhisperModel(cfg).get_encoder().eval()
+    feats = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(0))
+    return _wrap(encoder, ["input_features"], lambda o: o.last_hidden_state), {"input_features": feats}, {
+        "input_features": {0: "batch"}}
+
+
+SPECS = {
+    s.name: s
+    for s in (
+        Spec("bert", _bert, 2, "BERT encoder, padding mask"),
+        Spec("gpt2", _gpt2, 2, "GPT-2 decoder, causal + padding mask"),
+        Spec("llama", _llama, 2, "LLaMA decoder (MHA), rotary, causal mask"),
+        Spec("llama_gqa", lambda a: _llama(a, kv_heads=2), 2, "LLaMA decoder, GQA 4 query / 2 kv heads"),
+        Spec("qwen2_mqa", _qwen2_gqa, 2, "Qwen2 decoder, MQA 4 query heads / 1 kv head"),
+        Spec("vit", _vit, 2, "ViT image encoder, no mask"),
+        Spec("t5", _t5, 6, "T5 encoder-decoder: relative position bias, causal, cross attention"),
+        Spec("wav2vec2", _wav2vec2, 2, "Wav2Vec2 speech encoder"),
+        Spec("whisper_encoder", _whisper_encoder, 2, "Whisper speech encoder"),
+    )
+}
+
+
+def variant_name(model: str, attn: str, exporter: str, opset: int) -> str:
+    return f"{model}-{attn}-{exporter}{opset}"
+
+
+def export(model: str, attn: str, exporter: str, opset: int, out_dir: str | os.PathLike,
+           quiet: bool = True) -> Path:
+    """Export one variant to ``out_dir/<variant>.onnx`` (weights inline) and return the path."""
+    import torch
+
+    spec = SPECS[model]
+    torch.manual_seed(0)
+    module, inputs, dyn = spec.build(attn)
+    names = list(inputs)
+    args = tuple(inputs[n] for n in names)
+    path = Path(out_dir) / f"{variant_name(model, attn, exporter, opset)}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sink = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink if quiet else sys.stdout), \
+            contextlib.redirect_stderr(sink if quiet else sys.stderr), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(module, args, str(path), input_names=names, output_names=["out"],
+                              dynamic_axes=dyn, opset_version=opset, dynamo=False)
+        elif exporter == "dynamo":
+            dims = {}
+            shapes = tuple({ax: dims.setdefault(n, torch.export.Dim.AUTO) for ax, n in dyn[name].items()}
+                           for name in names)
+            prog = torch.onnx.export(module, args, input_names=names, output_names=["out"],
+                                     dynamic_shapes=(shapes,), opset_version=opset, dynamo=True,
+                                     optimize=True, verbose=False)
+            prog.save(str(path), external_data=False)
+        else:
+            raise ValueError(f"unknown exporter {exporter!r}")
+    return path
+
+
+def export_all(out_dir, models=None, attns=ATTN_MODES, exports=EXPORTS, quiet=True):
+    """Export every requested variant; returns {variant name: path or the exception's text}."""
+    results = {}
+    for model in models or SPECS:
+        for attn in attns:
+            for exporter, opset in exports:
+                name = variant_name(model, attn, exporter, opset)
+                t0 = time.perf_counter()
+                try:
+                    results[name] = export(model, attn, exporter, opset, out_dir, quiet=quiet)
+                    status = "ok"
+                except Exception as exc:  # an exporter limitation: recorded, not fatal
+                    results[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    status = results[name]
+                if not quiet:
+                    print(f"{name}: {status} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return results
+
+
+def export_default(path: str | os.PathLike = DEFAULT_MODEL) -> Path:
+    """The bundled default model: the 2-layer tiny BERT (eager attention), TorchScript exporter, opset 17."""
+    tmp = export("bert", "eager", "torchscript", 17, Path(path).parent)
+    Path(tmp).replace(path)
+    return Path(path)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="output folder")
+    ap.add_argument("--only", nargs="*", choices=sorted(SPECS), help="model families (default: all)")
+    ap.add_argument("--attn", nargs="*", choices=ATTN_MODES, default=list(ATTN_MODES))
+    ap.add_argument("--exporter", choices=("torchscript", "dynamo"), help="only this exporter")
+    ap.add_argument("--opset", type=int, help="only this opset")
+    ap.add_argument("--default", action="store_true", help=f"write the bundled default model {DEFAULT_MODEL.name}")
+    args = ap.parse_args(argv)
+    if args.default:
+        print(export_default())
+        return 0
+    if not args.out:
+        ap.error("--out is required (or --default)")
+    exports = [(e, o) for e, o in EXPORTS
+               if (args.exporter is None or e == args.exporter) and (args.opset is None or o == args.opset)]
+    results = export_all(args.out, args.only, args.attn, exports, quiet=False)
+    failed = [n for n, r in results.items() if not isinstance(r, Path)]
+    print(f"{len(results) - len(failed)} exported, {len(failed)} failed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
