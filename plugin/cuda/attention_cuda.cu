@@ -1,0 +1,311 @@
+// The CUDA FusedAttention launcher (attention_cuda.h): validates the params, turns them into
+// KernelArgs, chooses the kernel and the KV split with choose_plan() (the one heuristic), launches
+// on the caller's stream and, for split-KV, the combine pass. Never synchronizes, never allocates.
+#include "attention_cuda.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include <cuda_runtime.h>
+
+#include "kernel_common.cuh"
+
+namespace opsfuse::cuda {
+namespace {
+
+using detail::KernelArgs;
+using detail::KernelKind;
+using detail::Plan;
+
+thread_local std::string g_last_error;
+
+Status fail(Status s, const std::string& msg) {
+  g_last_error = msg;
+  return s;
+}
+
+Status cuda_fail(cudaError_t err, const char* what) {
+  std::ostringstream os;
+  os << what << " failed: " << cudaGetErrorName(err) << ": " << cudaGetErrorString(err);
+  return fail(Status::kDeviceError, os.str());
+}
+
+// Multiprocessor count of the current device, cached per device (read once, no synchronization).
+cudaError_t sm_count(int* out) {
+  static int cache[64] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64) {
+    const int cached = __atomic_load_n(&cache[dev], __ATOMIC_ACQUIRE);
+    if (cached > 0) {
+      *out = cached;
+      return cudaSuccess;
+    }
+  }
+  int n = 0;
+  err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64) __atomic_store_n(&cache[dev], n, __ATOMIC_RELEASE);
+  *out = n;
+  return cudaSuccess;
+}
+
+cudaError_t select_stream_device(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return cudaSuccess;
+  int want = 0, have = 0;
+  cudaError_t err = cudaStreamGetDevice(stream, &want);
+  if (err != cudaSuccess) return err;
+  err = cudaGetDevice(&have);
+  if (err != cudaSuccess) return err;
+  return want == have ? cudaSuccess : cudaSetDevice(want);
+}
+
+int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// THE heuristic: which kernel, which tiles, how many KV splits. Depends on shapes, dtype and the
+// device's multiprocessor count only (never on data), so workspace_size() and launch() agree.
+//  - float32 -> the SIMT kernel (true float32).
+//  - float16 / bfloat16 with at most 16 rows per (batch, kv head) -- decoding, where the GQA
+//    packing puts the group's query heads into one tile -- and D, Dv <= 128 -> one-warp decode
+//    tiles (16 rows), so a block does not waste a 128-row tile on 1..16 real rows.
+//  - otherwise the prefill tiles of the head-size bucket.
+//  Split-KV: decode tiles split the keys until about two blocks per resident slot exist (memory
+//  bound: bytes in flight matter); prefill tiles split only when the grid leaves at least half
+//  of the multiprocessors idle and each split keeps >= 4 key tiles (the combine pass is not free).
+Plan choose_plan(const AttentionParams& p, int sms) {
+  Plan plan;
+  const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
+  plan.bucket = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
+  const int64_t rows = (p.heads_q / p.heads_kv) * p.seq_q;
+  detail::TileShape tile;
+  int per_sm = 2;  // resident blocks per multiprocessor, roughly (registers / shared memory)
+  if (p.dtype == DType::kFloat32) {
+    plan.kind = KernelKind::kFloat32;
+    tile = plan.bucket == 64 ? detail::kF32Tile64 : (plan.bucket == 128 ? detail::kF32Tile128 : detail::kF32Tile256);
+  } else if (rows <= 16 && plan.bucket <= 128) {
+    plan.kind = KernelKind::kTensorCoreDecode;
+    tile = detail::kTcDecodeTile;
+    per_sm = 4;
+  } else {
+    plan.kind = KernelKind::kTensorCore;
+    tile = plan.bucket == 64 ? detail::kTcTile64 : (plan.bucket == 128 ? detail::kTcTile128 : detail::kTcTile256);
+  }
+  plan.block_m = tile.block_m;
+  plan.block_n = tile.block_n;
+  plan.row_tiles = ceil_div(rows, tile.block_m);
+  const int64_t blocks = p.batch * p.heads_kv * plan.row_tiles;
+  const int n_tiles = ceil_div(p.seq_k, tile.block_n);
+  const int64_t slots = static_cast<int64_t>(sms) * per_sm;
+  int splits = 1;
+  if (blocks > 0 && n_tiles > 1) {
+    if (plan.kind == KernelKind::kTensorCoreDecode) {
+      if (blocks < 2 * slots) splits = std::min<int64_t>(ceil_div(2 * slots, blocks), std::max(1, n_tiles / 2));
+    } else if (2 * blocks <= sms && n_tiles >= 8) {
+      splits = std::min<int64_t>(ceil_div(slots, blocks), n_tiles / 4);
+    }
+  }
+  plan.num_splits = std::max(1, std::min(splits, 128));
+  return plan;
+}
+
+size_t workspace_for(const AttentionParams& p, const Plan& plan) {
+  if (plan.num_splits <= 1) return 0;
+  const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seq_q;
+  return static_cast<size_t>(plan.num_splits) * rows * (static_cast<size_t>(p.head_dim_v) + 2) * sizeof(float) + 256;
+}
+
+std::string check_params(const AttentionParams& p) {
+  std::ostringstream os;
+  if (p.batch < 0 || p.heads_q < 0 || p.heads_kv < 0 || p.seq_q < 0 || p.seq_k < 0) {
+    os << "negative size in params";
+  } else if (p.heads_kv == 0 && p.heads_q != 0) {
+    os << "heads_kv is 0";
+  } else if (p.heads_kv > 0 && p.heads_q % p.heads_kv != 0) {
+    os << "the number of query heads (" << p.heads_q << ") must be a multiple of the number of key/value heads ("
+       << p.heads_kv << ")";
+  } else if (p.head_dim < 1 || p.head_dim > 256 || p.head_dim_v < 1 || p.head_dim_v > 256) {
+    os << "unsupported head size: D = " << p.head_dim << ", Dv = " << p.head_dim_v << "; both must be in 1..256";
+  } else if (p.is_causal < 0 || p.is_causal > 2) {
+    os << "is_causal must be 0, 1 or 2, got " << p.is_causal;
+  } else if (!(std::isfinite(p.softcap) && p.softcap >= 0.0f)) {
+    os << "softcap must be a finite float >= 0, got " << p.softcap;
+  } else if (!std::isfinite(p.scale)) {
+    os << "scale must be finite, got " << p.scale;
+  } else if (p.mask_kind != MaskKind::kNone && p.mask == nullptr) {
+    os << "attn_mask kind is set but the mask pointer is null";
+  } else if (p.heads_kv > 0 && (p.heads_q / p.heads_kv) * p.seq_q > INT_MAX / 2) {
+    os << "too many query rows per key/value head: " << (p.heads_q / p.heads_kv) * p.seq_q;
+  } else if (p.seq_k > INT_MAX / 2) {
+    os << "key sequence too long: " << p.seq_k;
+  } else if (p.batch * p.heads_kv > INT_MAX / 2) {
+    os << "batch * key/value heads too large: " << p.batch * p.heads_kv;
+  }
+  return os.str();
+}
+
+bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+template <typename T>
+__global__ void combine_splits_kernel(const KernelArgs a) {
+  // One warp per output row: merges the splits' (max, sum, unnormalized output).
+  const int64_t total = static_cast<int64_t>(a.batch) * a.heads_q * a.seq_q;
+  const int64_t grow = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (grow >= total) return;
+  float m_max = -INFINITY;
+  for (int s = 0; s < a.num_splits; ++s) m_max = fmaxf(m_max, a.part_ml[(s * total + grow) * 2]);
+  const float base = m_max == -INFINITY ? 0.0f : m_max;
+  float l_sum = 0.0f;
+  for (int s = 0; s < a.num_splits; ++s) {
+    const float* ml = a.part_ml + (s * total + grow) * 2;
+    l_sum += exp2f(ml[0] - base) * ml[1];
+  }
+  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;  // fully masked row -> 0
+  const int64_t i = grow % a.seq_q, h = (grow / a.seq_q) % a.heads_q, b = grow / (static_cast<int64_t>(a.seq_q) * a.heads_q);
+  T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + h * a.y_stride[1] + i * a.y_stride[2];
+  for (int c = lane; c < a.head_dim_v; c += 32) {
+    float acc = 0.0f;
+    for (int s = 0; s < a.num_splits; ++s) {
+      const float w = exp2f(a.part_ml[(s * total + grow) * 2] - base);
+      acc += w * a.part_o[(s * total + grow) * a.head_dim_v + c];
+    }
+    yrow[c] = detail::from_float<T>(acc * inv);
+  }
+}
+
+template <typename T>
+cudaError_t launch_combine(const KernelArgs& a, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(a.batch) * a.heads_q * a.seq_q;
+  combine_splits_kernel<T><<<static_cast<unsigned>((total + 3) / 4), 128, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+using RunFn = cudaError_t (*)(const KernelArgs&, const Plan&, cudaStream_t);
+
+RunFn pick_kernel(const AttentionParams& p, const Plan& plan) {
+  using namespace detail;
+  const int bi = plan.bucket == 64 ? 0 : (plan.bucket == 128 ? 1 : 2);
+  switch (plan.kind) {
+    case KernelKind::kFloat32: {
+      static const RunFn f[3] = {run_f32_d64, run_f32_d128, run_f32_d256};
+      return f[bi];
+    }
+    case KernelKind::kTensorCoreDecode: {
+      static const RunFn h[2] = {run_tcdec_f16_d64, run_tcdec_f16_d128};
+      static const RunFn bf[2] = {run_tcdec_bf16_d64, run_tcdec_bf16_d128};
+      if (bi > 1) return nullptr;
+      return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
+    }
+    case KernelKind::kTensorCore: {
+      static const RunFn h[3] = {run_tc_f16_d64, run_tc_f16_d128, run_tc_f16_d256};
+      static const RunFn bf[3] = {run_tc_bf16_d64, run_tc_bf16_d128, run_tc_bf16_d256};
+      return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+size_t workspace_size(const AttentionParams& p) {
+  if (!check_params(p).empty()) return 0;
+  if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return 0;
+  int sms = 0;
+  if (sm_count(&sms) != cudaSuccess) return 0;
+  return workspace_for(p, choose_plan(p, sms));
+}
+
+Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
+  g_last_error.clear();
+  const std::string bad = check_params(p);
+  if (!bad.empty()) return fail(Status::kInvalidArgument, bad);
+  if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return Status::kOk;  // empty output
+  if (p.q == nullptr || p.y == nullptr || (p.seq_k > 0 && (p.k == nullptr || p.v == nullptr)))
+    return fail(Status::kInvalidArgument, "a Q, K, V or Y data pointer is null");
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+
+  // This library links its own (static) CUDA runtime, whose current device is not the caller's:
+  // make it the stream's device (host-side query, no synchronization).
+  cudaError_t err = select_stream_device(stream);
+  if (err != cudaSuccess) return cuda_fail(err, "selecting the stream's device");
+  int sms = 0;
+  err = sm_count(&sms);
+  if (err != cudaSuccess) return cuda_fail(err, "reading the multiprocessor count");
+  const Plan plan = choose_plan(p, sms);
+  const size_t need = workspace_for(p, plan);
+  if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
+    std::ostringstream os;
+    os << "the launch needs " << need << " bytes of workspace (workspace_size), got " << workspace_bytes;
+    return fail(Status::kInvalidArgument, os.str());
+  }
+
+  KernelArgs a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.y = p.y;
+  a.mask = p.mask_kind == MaskKind::kNone ? nullptr : p.mask;
+  a.mask_kind = static_cast<int>(p.mask_kind);
+  a.key_lengths = p.key_lengths;
+  a.key_lengths_int64 = p.key_lengths_int64 ? 1 : 0;
+  a.batch = static_cast<int>(p.batch);
+  a.heads_q = static_cast<int>(p.heads_q);
+  a.heads_kv = static_cast<int>(p.heads_kv);
+  a.group = static_cast<int>(p.heads_q / p.heads_kv);
+  a.seq_q = static_cast<int>(p.seq_q);
+  a.seq_k = static_cast<int>(p.seq_k);
+  a.head_dim = static_cast<int>(p.head_dim);
+  a.head_dim_v = static_cast<int>(p.head_dim_v);
+  a.rows = a.group * a.seq_q;
+  a.causal = p.is_causal;
+  a.causal_offset = p.is_causal == 2 ? a.seq_k - a.seq_q : 0;
+  for (int i = 0; i < 3; ++i) {
+    a.q_stride[i] = p.q_stride[i];
+    a.k_stride[i] = p.k_stride[i];
+    a.v_stride[i] = p.v_stride[i];
+    a.y_stride[i] = p.y_stride[i];
+  }
+  for (int i = 0; i < 4; ++i) a.mask_stride[i] = p.mask_stride[i];
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * detail::kLog2e;
+  a.softcap = p.softcap;
+  const size_t esize = p.dtype == DType::kFloat32 ? 4 : 2;
+  bool vec = aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16);
+  for (int i = 0; i < 3; ++i)
+    vec = vec && (p.q_stride[i] * esize) % 16 == 0 && (p.k_stride[i] * esize) % 16 == 0 &&
+          (p.v_stride[i] * esize) % 16 == 0;
+  a.vec_loads = vec ? 1 : 0;
+  bool vs = aligned(p.y, 2 * esize);
+  for (int i = 0; i < 3; ++i) vs = vs && p.y_stride[i] % 2 == 0;
+  a.vec_store = vs ? 1 : 0;
+  a.num_splits = plan.num_splits;
+  if (plan.num_splits > 1) {
+    const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seq_q;
+    uintptr_t base = (reinterpret_cast<uintptr_t>(workspace) + 255) & ~uintptr_t(255);
+    a.part_o = reinterpret_cast<float*>(base);
+    a.part_ml = a.part_o + static_cast<size_t>(plan.num_splits) * rows * p.head_dim_v;
+  }
+
+  const RunFn run = pick_kernel(p, plan);
+  if (run == nullptr) return fail(Status::kUnsupported, "no compiled kernel for this configuration");
+  err = run(a, plan, stream);
+  if (err != cudaSuccess) return cuda_fail(err, "launching the FusedAttention kernel");
+  if (plan.num_splits > 1) {
+    switch (p.dtype) {
+      case DType::kFloat32: err = launch_combine<float>(a, stream); break;
+      case DType::kFloat16: err = launch_combine<__half>(a, stream); break;
+      case DType::kBFloat16: err = launch_combine<__nv_bfloat16>(a, stream); break;
+    }
+    if (err != cudaSuccess) return cuda_fail(err, "launching the split-KV combine kernel");
+  }
+  return Status::kOk;
+}
+
+const char* last_error_message() { return g_last_error.c_str(); }
+
+}  // namespace opsfuse::cuda

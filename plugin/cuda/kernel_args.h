@@ -1,0 +1,88 @@
+// Internal to plugin/cuda: the launch-ready form of AttentionParams that every kernel receives by
+// value, the launch plan (which kernel, tile sizes, number of KV splits) and the declarations of
+// the per-configuration launch functions that the instantiation files define.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace opsfuse::cuda::detail {
+
+// Plain data copied to the device as a kernel parameter. Sizes fit in int (checked by the launcher).
+struct KernelArgs {
+  const void* q;  // (B, Hq, Sq, D), element strides q_stride
+  const void* k;  // (B, Hkv, Sk, D)
+  const void* v;  // (B, Hkv, Sk, Dv)
+  void* y;        // (B, Hq, Sq, Dv)
+  const void* mask;         // viewed as (B, Hq, Sq, Sk) through mask_stride; bool bytes or T
+  const void* key_lengths;  // (B,) int32 or int64, or null
+  int key_lengths_int64;
+  int mask_kind;  // 0 none, 1 bool, 2 additive (MaskKind)
+
+  int batch, heads_q, heads_kv, group, seq_q, seq_k, head_dim, head_dim_v;
+  // Rows of one (batch, kv head): the `group` query heads that share the kv head, times Sq.
+  // Row r is query head kv_head * group + r / Sq at position r % Sq (GQA without repeating K/V).
+  int rows;
+  int causal;         // 0, 1 or 2
+  int causal_offset;  // key j visible to query i iff j <= i + causal_offset (0 or Sk - Sq)
+  int vec_loads;      // 1 when Q/K/V rows allow 16-byte loads (alignment of pointers and strides)
+  int vec_store;      // 1 when Y allows paired (4- or 8-byte) stores
+
+  int64_t q_stride[3], k_stride[3], v_stride[3], y_stride[3];
+  int64_t mask_stride[4];
+
+  float scale;       // multiplies q.k
+  float scale_log2;  // scale * log2(e): the fast path when no softcap / additive mask
+  float softcap;     // > 0: s <- softcap * tanh(s / softcap)
+
+  // Split-KV (flash-decoding): blockIdx.z is the split; with num_splits > 1 each block writes its
+  // unnormalized partial output and (max, sum) to the workspace and combine_splits() finishes.
+  int num_splits;
+  float* part_o;   // (num_splits, B*Hq*Sq, Dv) float32
+  float* part_ml;  // (num_splits, B*Hq*Sq, 2) float32: running max (log2 domain) and sum
+};
+
+// Which compiled kernel runs, chosen by choose_plan() in attention_cuda.cu (the one heuristic).
+enum class KernelKind : int { kTensorCore = 0, kTensorCoreDecode = 1, kFloat32 = 2 };
+
+struct Plan {
+  KernelKind kind = KernelKind::kTensorCore;
+  int bucket = 64;      // compiled head size that D and Dv are rounded up to (64, 128, 256)
+  int block_m = 128;    // query rows per block
+  int block_n = 64;     // keys per tile
+  int num_splits = 1;   // > 1: split-KV with a combine pass
+  int row_tiles = 0;    // ceil(rows / block_m)
+};
+
+// Launch functions, one per compiled configuration (defined in the instantiation files).
+// They set the shared-memory attribute, launch on `stream` and return cudaGetLastError().
+#define OPSFUSE_DECLARE_TC(NAME) cudaError_t NAME(const KernelArgs& a, const Plan& plan, cudaStream_t stream)
+OPSFUSE_DECLARE_TC(run_tc_f16_d64);
+OPSFUSE_DECLARE_TC(run_tc_f16_d128);
+OPSFUSE_DECLARE_TC(run_tc_f16_d256);
+OPSFUSE_DECLARE_TC(run_tc_bf16_d64);
+OPSFUSE_DECLARE_TC(run_tc_bf16_d128);
+OPSFUSE_DECLARE_TC(run_tc_bf16_d256);
+OPSFUSE_DECLARE_TC(run_tcdec_f16_d64);
+OPSFUSE_DECLARE_TC(run_tcdec_f16_d128);
+OPSFUSE_DECLARE_TC(run_tcdec_bf16_d64);
+OPSFUSE_DECLARE_TC(run_tcdec_bf16_d128);
+OPSFUSE_DECLARE_TC(run_f32_d64);
+OPSFUSE_DECLARE_TC(run_f32_d128);
+OPSFUSE_DECLARE_TC(run_f32_d256);
+#undef OPSFUSE_DECLARE_TC
+
+// Tile shapes of each configuration, shared by the heuristic and the instantiations.
+struct TileShape {
+  int block_m, block_n, warps;
+};
+constexpr TileShape kTcTile64{128, 64, 4};
+constexpr TileShape kTcTile128{128, 32, 4};
+constexpr TileShape kTcTile256{64, 32, 4};
+constexpr TileShape kTcDecodeTile{16, 64, 1};
+constexpr TileShape kF32Tile64{64, 64, 4};
+constexpr TileShape kF32Tile128{64, 32, 4};
+constexpr TileShape kF32Tile256{32, 16, 4};
+
+}  // namespace opsfuse::cuda::detail

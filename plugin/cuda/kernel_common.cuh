@@ -1,0 +1,155 @@
+// Internal to plugin/cuda: device helpers shared by the tensor-core and float32 kernels: element
+// conversion, the per-score contract (scale, softcap, mask, causal, key_lengths), the per-row
+// bookkeeping of the GQA row packing, and the epilogue (final store or split-KV partials).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernel_args.h"
+
+namespace opsfuse::cuda::detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Stores two adjacent outputs (columns c, c+1; the second only when `both`). `paired` when the
+// address is aligned for one 2-element store.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* dst, float x0, float x1, bool both, bool paired) {
+  if (both && paired) {
+    if constexpr (sizeof(T) == 2) {
+      T tmp[2] = {from_float<T>(x0), from_float<T>(x1)};
+      *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(tmp);
+    } else {
+      *reinterpret_cast<float2*>(dst) = make_float2(x0, x1);
+    }
+  } else {
+    dst[0] = from_float<T>(x0);
+    if (both) dst[1] = from_float<T>(x1);
+  }
+}
+
+// One query row of a block: where it lives and which keys it may see.
+struct RowInfo {
+  int valid;        // row < rows
+  int head;         // query head
+  int pos;          // query position i
+  int key_limit;    // keys j < key_limit pass causal and key_lengths
+  int64_t mask_off; // element offset of (b, head, i, 0) in the mask
+};
+
+__device__ __forceinline__ int key_length_of(const KernelArgs& a, int b) {
+  if (a.key_lengths == nullptr) return a.seq_k;
+  long long len = a.key_lengths_int64 ? static_cast<const long long*>(a.key_lengths)[b]
+                                      : static_cast<long long>(static_cast<const int*>(a.key_lengths)[b]);
+  // Values outside [0, Sk] are clamped (they cannot be checked without a synchronization).
+  return len < 0 ? 0 : (len > a.seq_k ? a.seq_k : static_cast<int>(len));
+}
+
+__device__ __forceinline__ RowInfo make_row(const KernelArgs& a, int b, int kv_head, int r, int len) {
+  RowInfo ri;
+  ri.valid = r < a.rows;
+  const int rr = ri.valid ? r : 0;
+  const int g = rr / a.seq_q;
+  ri.pos = rr - g * a.seq_q;
+  ri.head = kv_head * a.group + g;
+  int lim = len;
+  if (a.causal) {
+    const int c = ri.pos + a.causal_offset + 1;
+    lim = c < lim ? c : lim;
+  }
+  ri.key_limit = lim < 0 ? 0 : lim;
+  ri.mask_off = b * a.mask_stride[0] + ri.head * a.mask_stride[1] + ri.pos * a.mask_stride[2];
+  return ri;
+}
+
+// The block's key range: tiles [0, n_end) hold every key visible to some row of rows
+// [r_lo, r_hi]; keys below `all_visible` pass causal / key_lengths for every row of the block.
+struct KeyRange {
+  int n_end;
+  int all_visible;
+};
+
+__device__ __forceinline__ KeyRange key_range(const KernelArgs& a, int r_lo, int r_hi, int len) {
+  const int g_lo = r_lo / a.seq_q, g_hi = r_hi / a.seq_q;
+  int i_min, i_max;
+  if (g_lo == g_hi) {
+    i_min = r_lo - g_lo * a.seq_q;
+    i_max = r_hi - g_hi * a.seq_q;
+  } else {
+    i_min = 0;
+    i_max = a.seq_q - 1;
+  }
+  KeyRange kr{len, len};
+  if (a.causal) {
+    const int hi = i_max + a.causal_offset + 1, lo = i_min + a.causal_offset + 1;
+    kr.n_end = hi < len ? hi : len;
+    kr.all_visible = lo < len ? lo : len;
+  }
+  if (kr.n_end < 0) kr.n_end = 0;
+  if (kr.all_visible < 0) kr.all_visible = 0;
+  return kr;
+}
+
+// The contract for one score, slow path: s = scale * qk -> softcap -> + mask (or -inf) ->
+// causal / key_lengths. Returns the score in the log2 domain (times log2 e) or -inf.
+template <typename T>
+__device__ __forceinline__ float full_score(const KernelArgs& a, float qk, const RowInfo& ri, int j) {
+  if (j >= ri.key_limit) return -INFINITY;
+  float s = qk * a.scale;
+  if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
+  if (a.mask_kind != 0) {
+    const int64_t off = ri.mask_off + static_cast<int64_t>(j) * a.mask_stride[3];
+    if (a.mask_kind == 1) {
+      if (!static_cast<const uint8_t*>(a.mask)[off]) return -INFINITY;
+    } else {
+      s += to_float<T>(static_cast<const T*>(a.mask)[off]);
+    }
+  }
+  return s * kLog2e;
+}
+
+// Writes one row's (max, sum) of a split (lane that owns the row; m in the log2 domain).
+__device__ __forceinline__ void store_split_ml(const KernelArgs& a, int64_t grow, float m, float l) {
+  const int64_t total = static_cast<int64_t>(a.batch) * a.heads_q * a.seq_q;
+  float* dst = a.part_ml + (static_cast<int64_t>(blockIdx.z) * total + grow) * 2;
+  dst[0] = m;
+  dst[1] = l;
+}
+
+__device__ __forceinline__ float* split_o_row(const KernelArgs& a, int64_t grow) {
+  const int64_t total = static_cast<int64_t>(a.batch) * a.heads_q * a.seq_q;
+  return a.part_o + (static_cast<int64_t>(blockIdx.z) * total + grow) * a.head_dim_v;
+}
+
+// Sets the dynamic shared memory limit of `kernel` once per device (it is per device).
+template <typename Kernel>
+cudaError_t ensure_smem(Kernel kernel, int bytes, int* done_mask_per_device) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64) {
+    int* flag = done_mask_per_device + dev;
+    if (__atomic_load_n(flag, __ATOMIC_ACQUIRE)) return cudaSuccess;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess) __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+    return err;
+  }
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+}  // namespace opsfuse::cuda::detail

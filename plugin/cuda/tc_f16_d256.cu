@@ -1,0 +1,13 @@
+// Instantiation: tensor-core kernel, __half, head-size bucket 256.
+// One file per (dtype, bucket) so that ninja compiles them in parallel.
+#include "flash_tc.cuh"
+
+namespace opsfuse::cuda::detail {
+
+cudaError_t run_tc_f16_d256(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  constexpr TileShape t = kTcTile256;
+  return launch_flash_tc<__half, 256, t.block_m, t.block_n, t.warps>(a, plan, stream);
+}
+
+
+}  // namespace opsfuse::cuda::detail

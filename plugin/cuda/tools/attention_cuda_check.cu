@@ -1,0 +1,247 @@
+// attention_cuda_check: runs the CUDA launcher on a representative set of cases (every dtype, mask
+// kind, key_lengths, both causal modes, softcap, GQA, odd sizes, D != Dv, split-KV decode, fully
+// masked rows) against a float64 host reference, with NaN-poisoned outputs. Small on purpose: it
+// is the program compute-sanitizer runs (memcheck, racecheck) in scripts/gpu_run.sh.
+// Exit code 0 when every case is within tolerance, 1 otherwise.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/attention_cuda.h"
+
+using opsfuse::AttentionParams;
+using opsfuse::DType;
+using opsfuse::MaskKind;
+
+namespace {
+
+#define CHECK_CUDA(x)                                                                       \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
+                  cudaGetErrorString(e_));                                                  \
+      std::exit(2);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+struct Case {
+  const char* name;
+  DType dtype;
+  int B, Hq, Hkv, Sq, Sk, D, Dv;
+  int causal;
+  float softcap;
+  MaskKind mask;
+  int mask_rank;  // 2: (Sq, Sk); 4: (B, 1, Sq, Sk)
+  int key_lengths;  // 0 none, 32 or 64 bits
+};
+
+size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+// Rounds through the element type and writes its bytes.
+double store_elem(DType t, void* base, size_t i, double x) {
+  if (t == DType::kFloat32) {
+    static_cast<float*>(base)[i] = static_cast<float>(x);
+    return static_cast<float>(x);
+  }
+  if (t == DType::kFloat16) {
+    __half h = __float2half_rn(static_cast<float>(x));
+    static_cast<__half*>(base)[i] = h;
+    return __half2float(h);
+  }
+  __nv_bfloat16 h = __float2bfloat16_rn(static_cast<float>(x));
+  static_cast<__nv_bfloat16*>(base)[i] = h;
+  return __bfloat162float(h);
+}
+
+double load_elem(DType t, const void* base, size_t i) {
+  if (t == DType::kFloat32) return static_cast<const float*>(base)[i];
+  if (t == DType::kFloat16) return __half2float(static_cast<const __half*>(base)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+}
+
+bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream) {
+  std::normal_distribution<double> nd(0.0, 1.0);
+  const size_t nq = size_t(c.B) * c.Hq * c.Sq * c.D, nk = size_t(c.B) * c.Hkv * c.Sk * c.D,
+               nv = size_t(c.B) * c.Hkv * c.Sk * c.Dv, ny = size_t(c.B) * c.Hq * c.Sq * c.Dv;
+  const size_t es = esize(c.dtype);
+  std::vector<uint8_t> hq(nq * es), hk(nk * es), hv(nv * es), hy(ny * es);
+  std::vector<double> q(nq), k(nk), v(nv);
+  for (size_t i = 0; i < nq; ++i) q[i] = store_elem(c.dtype, hq.data(), i, nd(rng));
+  for (size_t i = 0; i < nk; ++i) k[i] = store_elem(c.dtype, hk.data(), i, nd(rng));
+  for (size_t i = 0; i < nv; ++i) v[i] = store_elem(c.dtype, hv.data(), i, nd(rng));
+
+  // Mask viewed as (B, Hq, Sq, Sk) through strides.
+  int64_t ms[4] = {0, 0, 0, 0};
+  size_t nm = 0;
+  if (c.mask != MaskKind::kNone) {
+    if (c.mask_rank == 2) {
+      ms[2] = c.Sk, ms[3] = 1, nm = size_t(c.Sq) * c.Sk;
+    } else {
+      ms[0] = int64_t(c.Sq) * c.Sk, ms[2] = c.Sk, ms[3] = 1, nm = size_t(c.B) * c.Sq * c.Sk;
+    }
+  }
+  std::vector<uint8_t> hm(nm * (c.mask == MaskKind::kBool ? 1 : es));
+  std::vector<double> madd(nm, 0.0);
+  std::vector<char> mvis(nm, 1);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  for (size_t i = 0; i < nm; ++i) {
+    if (c.mask == MaskKind::kBool) {
+      // Row 0 of every mask fully False: exercises the fully-masked-row -> 0 rule.
+      const bool row0 = (i % (size_t(c.Sq) * c.Sk)) < size_t(c.Sk);
+      mvis[i] = row0 ? 0 : (ud(rng) < 0.8);
+      hm[i] = mvis[i];
+    } else {
+      const double x = ud(rng) < 0.1 ? -INFINITY : nd(rng);
+      madd[i] = store_elem(c.dtype, hm.data(), i, x);
+    }
+  }
+  std::vector<int64_t> lens(c.B);
+  for (int b = 0; b < c.B; ++b) lens[b] = c.key_lengths ? (b == 0 ? 0 : (int64_t)(rng() % (c.Sk + 1))) : c.Sk;
+  if (c.key_lengths && c.B > 1) lens[c.B - 1] = c.Sk + 5;  // clamped to Sk by the kernel
+
+  // Reference (float64).
+  std::vector<double> ref(ny, 0.0);
+  const int G = c.Hq / c.Hkv;
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  std::vector<double> s(c.Sk);
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.Hq; ++h)
+      for (int i = 0; i < c.Sq; ++i) {
+        const int hk = h / G;
+        const int64_t len = std::min<int64_t>(std::max<int64_t>(lens[b], 0), c.Sk);
+        double mx = -INFINITY;
+        for (int j = 0; j < c.Sk; ++j) {
+          double acc = 0;
+          for (int d = 0; d < c.D; ++d)
+            acc += q[((size_t(b) * c.Hq + h) * c.Sq + i) * c.D + d] * k[((size_t(b) * c.Hkv + hk) * c.Sk + j) * c.D + d];
+          double x = acc * scale;
+          if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
+          bool vis = true;
+          if (c.mask != MaskKind::kNone) {
+            const size_t mi = b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3];
+            if (c.mask == MaskKind::kBool) vis = mvis[mi]; else x += madd[mi];
+          }
+          if (c.causal == 1 && j > i) vis = false;
+          if (c.causal == 2 && j > i + (c.Sk - c.Sq)) vis = false;
+          if (j >= len) vis = false;
+          s[j] = vis ? x : -INFINITY;
+          mx = std::max(mx, s[j]);
+        }
+        double* out = &ref[((size_t(b) * c.Hq + h) * c.Sq + i) * c.Dv];
+        if (mx == -INFINITY) continue;
+        double den = 0;
+        for (int j = 0; j < c.Sk; ++j) den += (s[j] = std::exp(s[j] - mx));
+        for (int j = 0; j < c.Sk; ++j)
+          for (int d = 0; d < c.Dv; ++d) out[d] += s[j] / den * v[((size_t(b) * c.Hkv + hk) * c.Sk + j) * c.Dv + d];
+      }
+
+  void *dq, *dk, *dv, *dy, *dm = nullptr, *dl = nullptr, *ws = nullptr;
+  CHECK_CUDA(cudaMalloc(&dq, hq.size() + 16));
+  CHECK_CUDA(cudaMalloc(&dk, hk.size() + 16));
+  CHECK_CUDA(cudaMalloc(&dv, hv.size() + 16));
+  CHECK_CUDA(cudaMalloc(&dy, hy.size() + 16));
+  CHECK_CUDA(cudaMemcpy(dq, hq.data(), hq.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dk, hk.data(), hk.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dv, hv.data(), hv.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(dy, 0xff, hy.size()));  // NaN poison
+  if (nm) {
+    CHECK_CUDA(cudaMalloc(&dm, hm.size()));
+    CHECK_CUDA(cudaMemcpy(dm, hm.data(), hm.size(), cudaMemcpyHostToDevice));
+  }
+  if (c.key_lengths == 32) {
+    std::vector<int32_t> l32(lens.begin(), lens.end());
+    CHECK_CUDA(cudaMalloc(&dl, l32.size() * 4));
+    CHECK_CUDA(cudaMemcpy(dl, l32.data(), l32.size() * 4, cudaMemcpyHostToDevice));
+  } else if (c.key_lengths == 64) {
+    CHECK_CUDA(cudaMalloc(&dl, lens.size() * 8));
+    CHECK_CUDA(cudaMemcpy(dl, lens.data(), lens.size() * 8, cudaMemcpyHostToDevice));
+  }
+
+  AttentionParams p;
+  p.q = dq, p.k = dk, p.v = dv, p.y = dy, p.mask = dm, p.key_lengths = dl;
+  p.key_lengths_int64 = c.key_lengths == 64;
+  p.dtype = c.dtype;
+  p.mask_kind = c.mask;
+  p.batch = c.B, p.heads_q = c.Hq, p.heads_kv = c.Hkv, p.seq_q = c.Sq, p.seq_k = c.Sk;
+  p.head_dim = c.D, p.head_dim_v = c.Dv;
+  const int64_t qs[3] = {int64_t(c.Hq) * c.Sq * c.D, int64_t(c.Sq) * c.D, c.D};
+  const int64_t ks[3] = {int64_t(c.Hkv) * c.Sk * c.D, int64_t(c.Sk) * c.D, c.D};
+  const int64_t vs[3] = {int64_t(c.Hkv) * c.Sk * c.Dv, int64_t(c.Sk) * c.Dv, c.Dv};
+  const int64_t ys[3] = {int64_t(c.Hq) * c.Sq * c.Dv, int64_t(c.Sq) * c.Dv, c.Dv};
+  for (int i = 0; i < 3; ++i) p.q_stride[i] = qs[i], p.k_stride[i] = ks[i], p.v_stride[i] = vs[i], p.y_stride[i] = ys[i];
+  for (int i = 0; i < 4; ++i) p.mask_stride[i] = ms[i];
+  p.scale = static_cast<float>(scale);
+  p.softcap = c.softcap;
+  p.is_causal = c.causal;
+  const size_t wsb = opsfuse::cuda::workspace_size(p);
+  if (wsb) CHECK_CUDA(cudaMalloc(&ws, wsb));
+  const opsfuse::Status st = opsfuse::cuda::launch(p, ws, wsb, stream);
+  if (st != opsfuse::Status::kOk) {
+    std::printf("FAIL %-28s launch: %s: %s\n", c.name, opsfuse::status_name(st), opsfuse::cuda::last_error_message());
+    return false;
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaMemcpy(hy.data(), dy, hy.size(), cudaMemcpyDeviceToHost));
+
+  double num = 0, den = 0, max_abs = 0;
+  bool nan = false;
+  for (size_t i = 0; i < ny; ++i) {
+    const double y = load_elem(c.dtype, hy.data(), i);
+    if (!std::isfinite(y)) nan = true;
+    num += (y - ref[i]) * (y - ref[i]);
+    den += ref[i] * ref[i];
+    max_abs = std::max(max_abs, std::fabs(y - ref[i]));
+  }
+  const double rel = std::sqrt(num / std::max(den, 1e-30));
+  const double tol = c.dtype == DType::kFloat32 ? 1e-5 : (c.dtype == DType::kFloat16 ? 2e-3 : 1.6e-2);
+  const bool ok = !nan && rel <= tol;
+  std::printf("%s %-28s rel %.3e max_abs %.3e (tol %.1e) workspace %zu%s\n", ok ? "ok  " : "FAIL", c.name, rel, max_abs,
+              tol, wsb, nan ? " NaN/unwritten" : "");
+  cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dy);
+  if (dm) cudaFree(dm);
+  if (dl) cudaFree(dl);
+  if (ws) cudaFree(ws);
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const DType F = DType::kFloat32, H = DType::kFloat16, BF = DType::kBFloat16;
+  const MaskKind N = MaskKind::kNone, MB = MaskKind::kBool, MA = MaskKind::kAdditive;
+  const Case cases[] = {
+      {"f16 plain 97x97 d64", H, 2, 3, 3, 97, 97, 64, 64, 0, 0.f, N, 0, 0},
+      {"bf16 causal1 130x130 d128", BF, 1, 2, 2, 130, 130, 128, 128, 1, 0.f, N, 0, 0},
+      {"f16 causal2 33x100 d40/80", H, 2, 4, 2, 33, 100, 40, 80, 2, 0.f, N, 0, 0},
+      {"bf16 boolmask+kl32 d96", BF, 3, 2, 1, 65, 77, 96, 96, 0, 0.f, MB, 4, 32},
+      {"f16 addmask+softcap d256", H, 1, 2, 2, 70, 90, 256, 256, 0, 30.f, MA, 2, 0},
+      {"bf16 decode gqa4 kl64 split", BF, 2, 8, 2, 1, 1500, 128, 128, 2, 0.f, N, 0, 64},
+      {"f16 decode mha split", H, 2, 4, 4, 1, 2000, 64, 64, 0, 0.f, N, 0, 0},
+      {"f32 plain d64", F, 2, 2, 2, 70, 129, 64, 64, 0, 0.f, N, 0, 0},
+      {"f32 causal1 gqa d80/40", F, 1, 4, 2, 50, 50, 80, 40, 1, 0.f, MB, 2, 32},
+      {"f32 addmask softcap d256", F, 1, 2, 1, 20, 40, 256, 200, 2, 20.f, MA, 4, 0},
+      {"f32 decode split d128", F, 2, 8, 8, 1, 3000, 128, 128, 0, 0.f, N, 0, 0},
+      {"bf16 prefill split 8x4096", BF, 1, 1, 1, 8, 4096, 128, 128, 0, 0.f, N, 0, 0},
+  };
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::mt19937 rng(1234);
+  int failed = 0, n = 0;
+  for (const Case& c : cases) {
+    if (quick && n >= 6) break;
+    ++n;
+    failed += run_case(c, rng, stream) ? 0 : 1;
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("%d of %d cases failed\n", failed, n);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,278 @@
+// opsfuse._cuda: the pybind11 module over the CUDA launcher. A thin adapter: it reads each tensor
+// through __cuda_array_interface__ (v2/v3) or DLPack (__dlpack__), validates with the shared
+// shape_check (the same messages as every front end), fills AttentionParams with the tensors' own
+// strides and enqueues opsfuse::cuda::launch on the caller's stream. The Python face
+// (opsfuse/cuda.py) allocates the output and the workspace with the tensors' framework.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "common/contract.h"
+#include "common/shape_check.h"
+#include "cuda/attention_cuda.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// The DLPack ABI (stable C structs, dlpack.h v0.x "dltensor" capsules).
+struct DLDevice {
+  int32_t device_type;
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+constexpr int32_t kDLCUDA = 2, kDLCUDAManaged = 13;
+constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6;
+
+[[noreturn]] void invalid(const std::string& msg) { throw py::value_error("FusedAttention: " + msg); }
+
+// One tensor as the launcher sees it. Keeps a DLPack capsule's tensor alive until released.
+struct View {
+  bool present = false;
+  void* data = nullptr;
+  opsfuse::ElemType type = opsfuse::ElemType::kOther;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // elements
+  DLManagedTensor* managed = nullptr;
+  View() = default;
+  View(const View&) = delete;
+  View& operator=(const View&) = delete;
+  ~View() {
+    if (managed && managed->deleter) managed->deleter(managed);
+  }
+};
+
+size_t elem_bytes(opsfuse::ElemType t) {
+  switch (t) {
+    case opsfuse::ElemType::kFloat32:
+    case opsfuse::ElemType::kInt32: return 4;
+    case opsfuse::ElemType::kInt64: return 8;
+    case opsfuse::ElemType::kFloat16:
+    case opsfuse::ElemType::kBFloat16: return 2;
+    case opsfuse::ElemType::kBool: return 1;
+    default: return 1;
+  }
+}
+
+opsfuse::ElemType from_typestr(const std::string& ts) {
+  const std::string t = ts.size() > 1 ? ts.substr(1) : ts;
+  if (t == "f4") return opsfuse::ElemType::kFloat32;
+  if (t == "f2") return opsfuse::ElemType::kFloat16;
+  if (t == "b1") return opsfuse::ElemType::kBool;
+  if (t == "i4") return opsfuse::ElemType::kInt32;
+  if (t == "i8") return opsfuse::ElemType::kInt64;
+  return opsfuse::ElemType::kOther;
+}
+
+opsfuse::ElemType from_dl(DLDataType d) {
+  if (d.lanes != 1) return opsfuse::ElemType::kOther;
+  if (d.code == kDLFloat && d.bits == 32) return opsfuse::ElemType::kFloat32;
+  if (d.code == kDLFloat && d.bits == 16) return opsfuse::ElemType::kFloat16;
+  if (d.code == kDLBfloat && d.bits == 16) return opsfuse::ElemType::kBFloat16;
+  if ((d.code == kDLBool || d.code == kDLUInt) && d.bits == 8) return d.code == kDLBool ? opsfuse::ElemType::kBool : opsfuse::ElemType::kOther;
+  if (d.code == kDLInt && d.bits == 32) return opsfuse::ElemType::kInt32;
+  if (d.code == kDLInt && d.bits == 64) return opsfuse::ElemType::kInt64;
+  return opsfuse::ElemType::kOther;
+}
+
+void dense(View& v) {
+  v.strides.assign(v.shape.size(), 1);
+  for (int i = static_cast<int>(v.shape.size()) - 2; i >= 0; --i) v.strides[i] = v.strides[i + 1] * v.shape[i + 1];
+}
+
+void read_view(const py::handle& obj, const char* name, int64_t stream, View& v) {
+  if (obj.is_none()) return;
+  v.present = true;
+  // __cuda_array_interface__ first (torch and CuPy both have it; torch raises for bfloat16).
+  if (py::hasattr(obj, "__cuda_array_interface__")) {
+    py::object cai;
+    bool ok = true;
+    try {
+      cai = obj.attr("__cuda_array_interface__");
+    } catch (py::error_already_set&) {
+      ok = false;  // e.g. torch bfloat16: use DLPack below
+    }
+    if (ok) {
+      py::dict d = cai.cast<py::dict>();
+      v.type = from_typestr(d["typestr"].cast<std::string>());
+      for (auto s : d["shape"].cast<py::tuple>()) v.shape.push_back(s.cast<int64_t>());
+      v.data = reinterpret_cast<void*>(d["data"].cast<py::tuple>()[0].cast<uintptr_t>());
+      if (d.contains("strides") && !d["strides"].is_none()) {
+        const size_t eb = elem_bytes(v.type);
+        for (auto s : d["strides"].cast<py::tuple>()) v.strides.push_back(s.cast<int64_t>() / static_cast<int64_t>(eb));
+      } else {
+        dense(v);
+      }
+      return;
+    }
+  }
+  if (!py::hasattr(obj, "__dlpack__")) {
+    invalid(std::string(name) + " must be a CUDA tensor exposing __cuda_array_interface__ or __dlpack__");
+  }
+  py::object cap;
+  try {
+    cap = obj.attr("__dlpack__")(py::arg("stream") = stream == 0 ? 1 : stream);
+  } catch (py::error_already_set&) {
+    cap = obj.attr("__dlpack__")();
+  }
+  PyObject* c = cap.ptr();
+  if (!PyCapsule_IsValid(c, "dltensor")) invalid(std::string(name) + ": __dlpack__ did not return a 'dltensor' capsule");
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
+  PyCapsule_SetName(c, "used_dltensor");  // consumed: we call the deleter
+  v.managed = m;
+  const DLTensor& t = m->dl_tensor;
+  if (t.device.device_type != kDLCUDA && t.device.device_type != kDLCUDAManaged)
+    invalid(std::string(name) + " is not on a CUDA device (DLPack device type " + std::to_string(t.device.device_type) + ")");
+  v.type = from_dl(t.dtype);
+  v.data = static_cast<char*>(t.data) + t.byte_offset;
+  v.shape.assign(t.shape, t.shape + t.ndim);
+  if (t.strides) v.strides.assign(t.strides, t.strides + t.ndim); else dense(v);
+}
+
+// Element strides of the (batch, head, sequence) dims; the last dim must be contiguous.
+void strides3(const View& v, const char* name, int64_t out[3]) {
+  if (v.shape[3] > 1 && v.strides[3] != 1) invalid(std::string(name) + " must be contiguous in its last dimension");
+  for (int i = 0; i < 3; ++i) out[i] = v.strides[i];
+}
+
+struct Prepared {
+  View in[5];
+  opsfuse::AttentionParams p;
+};
+
+void prepare(Prepared& pr, py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
+             std::optional<float> scale, int64_t is_causal, float softcap, int64_t stream) {
+  read_view(q, "Q", stream, pr.in[0]);
+  read_view(k, "K", stream, pr.in[1]);
+  read_view(v, "V", stream, pr.in[2]);
+  read_view(mask, "attn_mask", stream, pr.in[3]);
+  read_view(kl, "key_lengths", stream, pr.in[4]);
+  for (int i = 0; i < 3; ++i)
+    if (!pr.in[i].present) invalid("Q, K and V are required");
+  opsfuse::TensorDesc desc[5];
+  for (int i = 0; i < 5; ++i) {
+    desc[i].present = pr.in[i].present;
+    desc[i].type = pr.in[i].type;
+    desc[i].shape = pr.in[i].shape;
+  }
+  opsfuse::AttentionAttributes attrs;
+  attrs.has_scale = scale.has_value();
+  attrs.scale = scale.value_or(0.0f);
+  attrs.is_causal = is_causal;
+  attrs.softcap = softcap;
+  const std::string err = opsfuse::check_inputs_and_fill(desc, attrs, &pr.p);
+  if (!err.empty()) invalid(err);
+  opsfuse::AttentionParams& p = pr.p;
+  p.q = pr.in[0].data;
+  p.k = pr.in[1].data;
+  p.v = pr.in[2].data;
+  strides3(pr.in[0], "Q", p.q_stride);
+  strides3(pr.in[1], "K", p.k_stride);
+  strides3(pr.in[2], "V", p.v_stride);
+  if (pr.in[3].present) {
+    const View& m = pr.in[3];
+    const int rank = static_cast<int>(m.shape.size());
+    for (int i = 0; i < 4; ++i) p.mask_stride[i] = 0;
+    for (int i = 0; i < rank; ++i) p.mask_stride[4 - rank + i] = m.shape[i] == 1 ? 0 : m.strides[i];
+    p.mask = m.data;
+  }
+  if (pr.in[4].present) {
+    if (pr.in[4].shape[0] > 1 && pr.in[4].strides[0] != 1) invalid("key_lengths must be contiguous");
+    p.key_lengths = pr.in[4].data;
+  }
+}
+
+int64_t py_workspace_size(py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
+                          std::optional<float> scale, int64_t is_causal, float softcap) {
+  Prepared pr;
+  prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, -1);
+  return static_cast<int64_t>(opsfuse::cuda::workspace_size(pr.p));
+}
+
+void py_fused_attention(py::handle q, py::handle k, py::handle v, py::handle y, py::handle mask, py::handle kl,
+                        std::optional<float> scale, int64_t is_causal, float softcap, py::handle workspace,
+                        int64_t stream) {
+  Prepared pr;
+  prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, stream);
+  View out;
+  read_view(y, "Y", stream, out);
+  const std::vector<int64_t> want = opsfuse::output_shape(pr.p);
+  if (out.shape != want || out.type != pr.in[0].type) {
+    std::ostringstream os;
+    os << "output Y must have shape (" << want[0] << ", " << want[1] << ", " << want[2] << ", " << want[3]
+       << ") and the type of Q";
+    invalid(os.str());
+  }
+  strides3(out, "Y", pr.p.y_stride);
+  pr.p.y = out.data;
+  View ws;
+  read_view(workspace, "workspace", stream, ws);
+  size_t ws_bytes = 0;
+  if (ws.present) {
+    ws_bytes = elem_bytes(ws.type);
+    for (int64_t d : ws.shape) ws_bytes *= static_cast<size_t>(d);
+    if (ws.type == opsfuse::ElemType::kOther) ws_bytes = 0;
+  }
+  // Make this module's CUDA runtime current on the tensors' device (the launcher also follows
+  // the stream's device; this covers the default stream).
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, pr.p.q) == cudaSuccess && attr.type != cudaMemoryTypeUnregistered &&
+      attr.type != cudaMemoryTypeHost) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != attr.device) cudaSetDevice(attr.device);
+  } else {
+    cudaGetLastError();
+    invalid("Q is not device memory");
+  }
+  opsfuse::Status st;
+  {
+    py::gil_scoped_release release;
+    st = opsfuse::cuda::launch(pr.p, ws.present ? ws.data : nullptr, ws_bytes,
+                               reinterpret_cast<void*>(static_cast<uintptr_t>(stream)));
+  }
+  if (st == opsfuse::Status::kOk) return;
+  const std::string msg = std::string("FusedAttention: ") + opsfuse::status_name(st) + ": " +
+                          opsfuse::cuda::last_error_message();
+  if (st == opsfuse::Status::kInvalidArgument) throw py::value_error(msg);
+  throw std::runtime_error(msg);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cuda, m) {
+  m.doc() = "opsfuse CUDA FusedAttention launcher (use opsfuse.cuda.fused_attention)";
+  m.def("workspace_size", &py_workspace_size, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("attn_mask") = py::none(), py::arg("key_lengths") = py::none(), py::arg("scale") = py::none(),
+        py::arg("is_causal") = 0, py::arg("softcap") = 0.0f,
+        "Bytes of device workspace fused_attention needs for these inputs (0: none).");
+  m.def("fused_attention", &py_fused_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("y"),
+        py::arg("attn_mask") = py::none(), py::arg("key_lengths") = py::none(), py::arg("scale") = py::none(),
+        py::arg("is_causal") = 0, py::arg("softcap") = 0.0f, py::arg("workspace") = py::none(),
+        py::arg("stream") = 0,
+        "Enqueues FusedAttention on `stream` (a cudaStream_t as int), writing into the preallocated y.");
+  m.attr("OP_NAME") = opsfuse::contract::kOpName;
+}

@@ -1,0 +1,119 @@
+"""FusedAttention on a CUDA GPU through the compiled launcher (the pybind11 module ``opsfuse._cuda``).
+
+    import torch, opsfuse.cuda
+    y = opsfuse.cuda.fused_attention(q, k, v, is_causal=1)   # q: (B, Hq, Sq, D) on the GPU
+
+Any tensor exposing ``__cuda_array_interface__`` or DLPack works (PyTorch, CuPy). The work is
+enqueued on the caller's current stream (PyTorch's or CuPy's) and is not waited for; the output
+(and any split-KV workspace) is allocated by the inputs' own framework, so its caching allocator
+and stream semantics apply. Semantics: the FusedAttention contract (opsfuse.reference).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["available", "fused_attention", "workspace_size"]
+
+
+def _module():
+    try:
+        return importlib.import_module("opsfuse._cuda")
+    except ImportError as exc:
+        reason = ""
+        try:
+            from . import _build_config as cfg
+
+            if not cfg.CUDA_BUILT:
+                reason = f": the CUDA kernel was not built ({cfg.CUDA_REASON})"
+            elif not cfg.CUDA_MODULE:
+                reason = ": the pybind11 module was not built (pybind11 or Python headers missing at build time)"
+        except ImportError:
+            reason = ": opsfuse's C++ part is not built (pip install . from the repository)"
+        raise ImportError(f"opsfuse._cuda is not available{reason} ({exc})") from exc
+
+
+def available() -> bool:
+    """True when the compiled module imports (it does not check for a GPU)."""
+    try:
+        _module()
+    except ImportError:
+        return False
+    return True
+
+
+def _framework(x):
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        return "torch"
+    if mod == "cupy":
+        return "cupy"
+    raise TypeError(
+        f"FusedAttention: opsfuse.cuda supports torch and cupy tensors, got {type(x).__module__}.{type(x).__name__}"
+    )
+
+
+def _current_stream(fw, x) -> int:
+    if fw == "torch":
+        import torch
+
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    import cupy
+
+    return int(cupy.cuda.get_current_stream().ptr)
+
+
+def _empty(fw, x, shape, dtype=None):
+    if fw == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
+    import cupy
+
+    with cupy.cuda.Device(x.device.id):
+        return cupy.empty(shape, dtype=x.dtype if dtype is None else dtype)
+
+
+def workspace_size(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0) -> int:
+    """Bytes of device scratch the launch needs (split-KV partial results); 0 when none."""
+    return int(_module().workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal), float(softcap)))
+
+
+def fused_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0, *,
+                    out=None, stream=None):
+    """FusedAttention of CUDA tensors q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv):
+    returns y (B, Hq, Sq, Dv) of q's dtype (float32, float16 or bfloat16). `attn_mask`: bool or
+    q's dtype, broadcastable to (B, Hq, Sq, Sk); `key_lengths`: int32/int64 (B,). `out`: an
+    optional preallocated output; `stream`: a cudaStream_t as int (default: the framework's current
+    stream). Raises ValueError for inputs outside the contract, RuntimeError for device errors."""
+    m = _module()
+    fw = _framework(q)
+    if len(getattr(q, "shape", ())) != 4 or len(getattr(v, "shape", ())) != 4:
+        raise ValueError("FusedAttention: Q and V must have rank 4 (batch, heads, sequence, head size)")
+    if stream is None:
+        stream = _current_stream(fw, q)
+    y_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    if out is None:
+        out = _empty(fw, q, y_shape)
+    scale = None if scale is None else float(scale)
+    ws_bytes = m.workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal), float(softcap))
+    workspace = None
+    if ws_bytes > 0:
+        if fw == "torch":
+            import torch
+
+            workspace = _empty(fw, q, (ws_bytes,), torch.uint8)
+        else:
+            import cupy
+
+            workspace = _empty(fw, q, (ws_bytes,), cupy.uint8)
+    if fw == "torch":
+        import torch
+
+        with torch.cuda.device(q.device):
+            m.fused_attention(q, k, v, out, attn_mask, key_lengths, scale, int(is_causal), float(softcap),
+                              workspace, int(stream))
+    else:
+        m.fused_attention(q, k, v, out, attn_mask, key_lengths, scale, int(is_causal), float(softcap), workspace,
+                          int(stream))
+    return out

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Builds, tests and benchmarks opsfuse on a machine with an NVIDIA GPU, in one go:
+#   1. environment report (GPU, driver, nvcc, python packages)
+#   2. optional onnxruntime-gpu from an archive (ORT_GPU_ARCHIVE, or pieces in ORT_GPU_PIECES)
+#   3. build + install the package (pip, no build isolation; falls back to plain CMake)
+#   4. plugin/cuda/tools/attention_cuda_check, then `pytest -m gpu tests/` (which also runs
+#      compute-sanitizer memcheck + racecheck over the check driver)
+#   5. `python -m opsfuse bench --device cuda`
+# Everything lands in OUTDIR: summary.txt, logs.tar.gz (every log), and the benchmark's
+# cuda_bench.{json,md,png}. Each stage's exit status is in summary.txt; the script goes on after a
+# failed stage where the next one can still say something.
+#
+# usage: scripts/gpu_run.sh OUTDIR [--stages env,ort,build,test,bench] [--quick]
+#   CUDA_ARCHS  CMAKE_CUDA_ARCHITECTURES for this build (default: the GPU's own, e.g. 90-real)
+#   BUILD_DIR   build folder (default /tmp/opsfuse-gpu-build; reused when it exists)
+#   PYTEST_ARGS extra pytest arguments (e.g. "-k binding"); PYTEST_WORKERS xdist workers (8)
+#   BENCH_GRIDS a subset of seed,prefill,decode
+set -u -o pipefail
+
+if [ $# -lt 1 ]; then
+  echo "usage: $0 OUTDIR [--stages env,ort,build,test,bench] [--quick]" >&2
+  exit 2
+fi
+OUTDIR=$(mkdir -p "$1" && cd "$1" && pwd)
+shift
+STAGES="env,ort,build,test,bench"
+QUICK=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stages) STAGES="$2"; shift 2 ;;
+    --quick) QUICK="--quick"; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+LOGS="$OUTDIR/logs"
+mkdir -p "$LOGS"
+PY=${PYTHON:-python3}
+BUILD_DIR=${BUILD_DIR:-/tmp/opsfuse-gpu-build}
+SUMMARY="$OUTDIR/summary.txt"
+export PYTHONUNBUFFERED=1
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+cd "$REPO"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+want() { case ",$STAGES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+stage() {  # stage NAME CMD...: runs CMD with its output in logs/NAME.log, records status and time
+  local name=$1; shift
+  local t0=$(date +%s)
+  echo "=== $name: $*" | tee -a "$LOGS/$name.log"
+  "$@" >>"$LOGS/$name.log" 2>&1
+  local rc=$?
+  note "$(printf '%-10s rc=%-3s %5ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")"
+  tail -n 25 "$LOGS/$name.log"
+  return $rc
+}
+
+note "opsfuse gpu_run $(date -u '+%Y-%m-%d %H:%M:%S UTC') stages=$STAGES $QUICK"
+note "commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?') $(git -C "$REPO" status --porcelain 2>/dev/null | wc -l) changed files"
+
+env_info() {
+  nvidia-smi || true
+  nvcc --version || true
+  cmake --version | head -1
+  $PY -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
+  $PY -m pip list 2>/dev/null | grep -iE "^(torch|triton|onnx|onnxruntime|numpy|pybind11|scikit-build-core|cupy|ml.dtypes|pytest|matplotlib) " || true
+  which compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer || true
+}
+
+# onnxruntime-gpu: a .tar.xz of the unpacked wheel (ORT_GPU_ARCHIVE), or its pieces
+# (ORT_GPU_PIECES: a folder of part-* files, joined in name order), unpacked to /tmp/ortgpu and
+# put ahead of the image's CPU onnxruntime on PYTHONPATH. torch is imported first everywhere
+# (onnxruntime-gpu loads the CUDA 13 libraries that torch's wheels bring).
+ort_setup() {
+  local archive=${ORT_GPU_ARCHIVE:-/tmp/ortgpu.tar.xz}
+  if [ ! -f /tmp/ortgpu/onnxruntime/__init__.py ]; then
+    if [ -n "${ORT_GPU_PIECES:-}" ] && ls "$ORT_GPU_PIECES"/part-* >/dev/null 2>&1; then
+      cat "$ORT_GPU_PIECES"/part-* > "$archive"
+      [ -f "$ORT_GPU_PIECES/SHA256" ] && (cd "$(dirname "$archive")" && sed "s#  .*#  $archive#" "$ORT_GPU_PIECES/SHA256" | sha256sum -c -)
+    fi
+    [ -f "$archive" ] || { echo "no onnxruntime-gpu archive ($archive): ORT CUDA EP tests will skip"; return 3; }
+    mkdir -p /tmp/ortgpu
+    $PY -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$archive" /tmp/ortgpu || return 1
+  fi
+  PYTHONPATH=/tmp/ortgpu${PYTHONPATH:+:$PYTHONPATH} $PY -c \
+    'import torch, onnxruntime as o; print(o.__version__, o.__file__, o.get_available_providers())'
+}
+
+build() {
+  local archs=${CUDA_ARCHS:-$($PY -c 'import torch; m,n=torch.cuda.get_device_capability(0); print(f"{m}{n}-real")')}
+  echo "CMAKE_CUDA_ARCHITECTURES=$archs"
+  export ONNXRUNTIME_ROOT=${ONNXRUNTIME_ROOT:-$REPO/.ortinc}
+  [ -d "$ONNXRUNTIME_ROOT" ] || unset ONNXRUNTIME_ROOT
+  local t0=$(date +%s)
+  if $PY -m pip install --no-build-isolation --no-deps -v . \
+      -C build-dir="$BUILD_DIR" \
+      -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$archs" \
+      -C cmake.define.OPSFUSE_CUDA=ON; then
+    echo "pip install: ok in $(( $(date +%s) - t0 ))s"
+  else
+    echo "pip install failed; falling back to CMake + a package folder on PYTHONPATH"
+    cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$archs" -DOPSFUSE_CUDA=ON \
+      -DPython_EXECUTABLE="$(command -v $PY)" || return 1
+    cmake --build "$BUILD_DIR" || return 1
+    rm -rf /tmp/opsfuse-pkg && mkdir -p /tmp/opsfuse-pkg
+    cp -r python/opsfuse /tmp/opsfuse-pkg/ && cp -r graph_passes /tmp/opsfuse-pkg/opsfuse/graph_passes 2>/dev/null
+    cmake --install "$BUILD_DIR" --component python --prefix /tmp/opsfuse-pkg || return 1
+    echo "/tmp/opsfuse-pkg" > /tmp/opsfuse-pkg.path
+  fi
+  echo "build seconds: $(( $(date +%s) - t0 ))"
+  (cd /tmp && $PY -c 'import opsfuse, opsfuse.cuda; print(opsfuse.__file__, opsfuse.build_info()); assert opsfuse.cuda.available()')
+}
+
+[ -f /tmp/opsfuse-pkg.path ] && export PYTHONPATH=$(cat /tmp/opsfuse-pkg.path)${PYTHONPATH:+:$PYTHONPATH}
+want env && stage env env_info
+if want ort; then
+  stage ort ort_setup
+fi
+[ -f /tmp/ortgpu/onnxruntime/__init__.py ] && export PYTHONPATH=/tmp/ortgpu${PYTHONPATH:+:$PYTHONPATH}
+if want build; then
+  stage build build
+  [ -f /tmp/opsfuse-pkg.path ] && export PYTHONPATH=$(cat /tmp/opsfuse-pkg.path)${PYTHONPATH:+:$PYTHONPATH}
+fi
+export OPSFUSE_CUDA_CHECK_BIN="$BUILD_DIR/plugin/cuda/attention_cuda_check"
+if want test; then
+  stage check "$OPSFUSE_CUDA_CHECK_BIN"
+  local_workers=""
+  $PY -c 'import xdist' 2>/dev/null && local_workers="-n ${PYTEST_WORKERS:-8}"
+  stage pytest $PY -m pytest -m gpu tests/ -p no:cacheprovider -rfEs --durations=15 $local_workers \
+    --junitxml="$LOGS/pytest.xml" ${PYTEST_ARGS:-}
+  grep -E "passed|failed|error" "$LOGS/pytest.log" | tail -3 | tee -a "$SUMMARY"
+fi
+if want bench; then
+  if [ -n "${BENCH_GRIDS:-}" ]; then  # a subset of the grids: through the module's own entry point
+    stage bench $PY -m opsfuse.bench.cuda --out "$OUTDIR/bench" --grids "$BENCH_GRIDS" $QUICK
+  else
+    stage bench $PY -m opsfuse bench --device cuda --out "$OUTDIR/bench" $QUICK
+  fi
+  for f in cuda_bench.json cuda_bench.md cuda_bench.png; do
+    [ -f "$OUTDIR/bench/$f" ] && cp "$OUTDIR/bench/$f" "$OUTDIR/$f"
+  done
+  rm -rf "$OUTDIR/bench"
+fi
+tar -czf "$OUTDIR/logs.tar.gz" -C "$OUTDIR" logs && rm -rf "$LOGS"
+note "done $(date -u '+%H:%M:%S UTC')"
+cat "$SUMMARY"

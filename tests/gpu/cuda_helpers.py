@@ -1,0 +1,58 @@
+"""Shared pieces of the GPU tests: fresh random inputs on the device, NaN-poisoned outputs, and the
+2x rule (tests/accuracy.py) applied to results computed on the GPU."""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def fresh_rng():
+    """A generator seeded from the OS: every run draws new data; the seed is in failure messages."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    return np.random.default_rng(seed), seed
+
+
+def torch_dtype(np_dtype):
+    import torch
+
+    return {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16, BF16: torch.bfloat16}[
+        np.dtype(np_dtype)
+    ]
+
+
+def to_device(a):
+    """numpy (bfloat16 via ml_dtypes) -> torch CUDA tensor of the same dtype."""
+    import torch
+
+    a = np.ascontiguousarray(a)
+    if a.dtype == BF16:
+        return torch.from_numpy(a.astype(np.float32)).to("cuda").to(torch.bfloat16)
+    return torch.from_numpy(a).to("cuda")
+
+
+def to_numpy(t, np_dtype):
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.float().cpu().numpy().astype(BF16)
+    return t.cpu().numpy().astype(np_dtype)
+
+
+def poisoned(shape, np_dtype):
+    import torch
+
+    return torch.full(shape, float("nan"), dtype=torch_dtype(np_dtype), device="cuda")
+
+
+def require_cuda_module():
+    import opsfuse.cuda
+
+    if not opsfuse.cuda.available():
+        pytest.fail("opsfuse._cuda is not importable on a GPU machine: build the package with nvcc present")
+    return opsfuse.cuda

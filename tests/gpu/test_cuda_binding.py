@@ -1,0 +1,209 @@
+"""The CUDA kernel through the pybind11 binding (opsfuse.cuda.fused_attention) against the float64
+reference with the 2x rule: every dtype, odd sizes, head sizes off the compiled buckets, every mask
+kind, key_lengths, both causal alignments, softcap, GQA/MQA, split-KV decode, fully masked rows,
+non-contiguous inputs, streams, CUDA graph capture, CuPy, and errors as exceptions."""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from accuracy import assert_within_2x_torch, random_inputs
+from cuda_helpers import BF16, fresh_rng, poisoned, require_cuda_module, to_device, to_numpy
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+DTYPE_IDS = ["fp32", "fp16", "bf16"]
+
+
+def run_binding(q, k, v, attn_mask=None, key_lengths=None, **attrs):
+    cuda = require_cuda_module()
+    import torch
+
+    tq, tk, tv = to_device(q), to_device(k), to_device(v)
+    tm = None if attn_mask is None else to_device(attn_mask)
+    tl = None if key_lengths is None else torch.from_numpy(np.asarray(key_lengths)).to("cuda")
+    out = poisoned((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q.dtype)
+    y = cuda.fused_attention(tq, tk, tv, tm, tl, out=out, **attrs)
+    assert y is out
+    torch.cuda.synchronize()
+    return to_numpy(y, q.dtype)
+
+
+def check(q, k, v, attn_mask=None, key_lengths=None, seed=None, **attrs):
+    out = run_binding(q, k, v, attn_mask, key_lengths, **attrs)
+    assert np.all(np.isfinite(out.astype(np.float64))), f"NaN/unwritten output (seed {seed})"
+    assert_within_2x_torch(out, q, k, v, attn_mask, key_lengths, attrs.get("scale"), attrs.get("is_causal", 0),
+                           attrs.get("softcap", 0.0), what=f"cuda binding (seed {seed})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("d", [40, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 1025), (97, 97), (1025, 97), (7, 1025)])
+def test_sizes(dtype, d, sq, sk):
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, 1, 2, 2, sq, sk, d, d)
+    check(q, k, v, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("is_causal", [1, 2])
+@pytest.mark.parametrize("sq,sk", [(97, 97), (33, 200), (200, 33), (1, 300)])
+def test_causal(dtype, is_causal, sq, sk):
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, 2, 4, 2, sq, sk, 64, 64)
+    check(q, k, v, is_causal=is_causal, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("mask_shape", ["sq_sk", "b_1_sq_sk", "b_hq_1_sk", "1_sk"])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_masks(dtype, mask_shape, kind):
+    rng, seed = fresh_rng()
+    b, hq, hkv, sq, sk = 2, 4, 2, 65, 130
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, 80, 80)
+    shape = {"sq_sk": (sq, sk), "b_1_sq_sk": (b, 1, sq, sk), "b_hq_1_sk": (b, hq, 1, sk), "1_sk": (1, sk)}[mask_shape]
+    if kind == "bool":
+        mask = rng.random(shape) < 0.7
+        if mask_shape == "sq_sk":
+            mask[0, :] = False  # a fully masked row -> 0
+    else:
+        mask = rng.standard_normal(shape)
+        mask[rng.random(shape) < 0.1] = -np.inf
+        mask = mask.astype(dtype)
+    check(q, k, v, attn_mask=mask, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("kl_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("sq", [1, 50])
+def test_key_lengths(dtype, kl_dtype, sq):
+    rng, seed = fresh_rng()
+    sk = 700
+    q, k, v = random_inputs(rng, dtype, 4, 8, 2, sq, sk, 128, 128)
+    lengths = np.array([0, 1, 333, sk], dtype=kl_dtype)  # 0: every key masked -> zeros
+    check(q, k, v, key_lengths=lengths, is_causal=2, seed=seed)
+
+
+def test_key_lengths_clamped():
+    """Values outside [0, Sk] are clamped on the device (they cannot be checked without a sync)."""
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, np.float16, 2, 2, 2, 9, 40, 64, 64)
+    out = run_binding(q, k, v, key_lengths=np.array([-5, 1000], dtype=np.int64))
+    expect = run_binding(q, k, v, key_lengths=np.array([0, 40], dtype=np.int64))
+    np.testing.assert_array_equal(out.astype(np.float32), expect.astype(np.float32))
+    assert np.all(out[0] == 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("softcap", [5.0, 50.0])
+def test_softcap_with_mask_and_scale(dtype, softcap):
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, 1, 4, 1, 77, 150, 96, 64)
+    mask = (rng.standard_normal((77, 150)) * 2).astype(dtype)
+    check(q, k, v, attn_mask=mask, softcap=softcap, scale=0.3, is_causal=1, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("hq,hkv,sq,sk", [(32, 8, 1, 4100), (32, 32, 1, 2500), (8, 1, 3, 3000), (4, 2, 16, 5000)])
+def test_decode_split_kv(dtype, hq, hkv, sq, sk):
+    """Small Sq and long Sk: the split-KV path with its combine pass."""
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, 2, hq, hkv, sq, sk, 128, 128)
+    lengths = np.array([sk, sk // 3], dtype=np.int32)
+    check(q, k, v, key_lengths=lengths, is_causal=2, seed=seed)
+    import opsfuse.cuda
+
+    assert opsfuse.cuda.workspace_size(to_device(q), to_device(k), to_device(v)) > 0, "expected the split-KV path"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_dv_differs_from_d(dtype):
+    rng, seed = fresh_rng()
+    for d, dv in [(40, 96), (128, 64), (256, 80), (64, 256)]:
+        q, k, v = random_inputs(rng, dtype, 1, 2, 1, 70, 90, d, dv)
+        check(q, k, v, is_causal=2, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+def test_noncontiguous_inputs(dtype):
+    """Strided views ((B, S, H, D) memory viewed as (B, H, S, D)), as exporters produce."""
+    cuda = require_cuda_module()
+    import torch
+
+    rng, seed = fresh_rng()
+    b, h, s, d = 2, 3, 50, 64
+    q, k, v = random_inputs(rng, dtype, b, h, h, s, s, d, d)
+    tq, tk, tv = (to_device(x).transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    assert not tq.is_contiguous()
+    y = cuda.fused_attention(tq, tk, tv, is_causal=1)
+    torch.cuda.synchronize()
+    assert_within_2x_torch(to_numpy(y, dtype), q, k, v, is_causal=1, what=f"strided (seed {seed})")
+
+
+def test_misaligned_head_size():
+    """D = 59 / Dv = 111: rows not 16-byte aligned -> the element-load path."""
+    rng, seed = fresh_rng()
+    for dtype in (np.float16, ml_dtypes.bfloat16, np.float32):
+        q, k, v = random_inputs(rng, dtype, 1, 2, 2, 33, 97, 59, 111)
+        check(q, k, v, seed=seed)
+
+
+def test_runs_on_given_stream_and_in_cuda_graph():
+    cuda = require_cuda_module()
+    import torch
+
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, np.float16, 2, 8, 2, 1, 3000, 128, 128)  # split-KV: workspace too
+    tq, tk, tv = to_device(q), to_device(k), to_device(v)
+    expect = cuda.fused_attention(tq, tk, tv).clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = cuda.fused_attention(tq, tk, tv)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(y, expect, rtol=0, atol=0)
+
+    static_out = torch.full_like(expect, float("nan"))
+    with torch.cuda.stream(side):
+        cuda.fused_attention(tq, tk, tv, out=static_out)  # warm-up outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            cuda.fused_attention(tq, tk, tv, out=static_out)
+    static_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_out, expect, rtol=0, atol=0)
+
+
+def test_cupy_arrays():
+    cupy = pytest.importorskip("cupy", reason="CuPy not installed")
+    cuda = require_cuda_module()
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, np.float16, 1, 4, 2, 40, 80, 64, 64)
+    y = cuda.fused_attention(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), is_causal=1)
+    assert isinstance(y, cupy.ndarray)
+    assert_within_2x_torch(cupy.asnumpy(y), q, k, v, is_causal=1, what=f"cupy (seed {seed})")
+
+
+def test_errors_are_exceptions():
+    cuda = require_cuda_module()
+    import torch
+
+    q = torch.randn(1, 4, 8, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 3, 8, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="FusedAttention.*multiple"):
+        cuda.fused_attention(q, k, k)
+    with pytest.raises(ValueError, match="FusedAttention.*head size"):
+        big = torch.randn(1, 1, 2, 300, device="cuda", dtype=torch.float16)
+        cuda.fused_attention(big, big, big)
+    with pytest.raises(ValueError, match="FusedAttention.*is_causal"):
+        cuda.fused_attention(q, q, q, is_causal=3)
+    with pytest.raises(ValueError, match="FusedAttention.*element type"):
+        cuda.fused_attention(q, q.float(), q)
+    with pytest.raises(ValueError, match="FusedAttention.*attn_mask"):
+        cuda.fused_attention(q, q, q, attn_mask=torch.ones(3, 5, device="cuda", dtype=torch.bool))

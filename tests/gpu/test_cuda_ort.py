@@ -1,0 +1,134 @@
+"""FusedAttention's CUDA kernel through ONNX Runtime's CUDA execution provider: IO binding with
+device buffers (no host copies), every node forced onto the CUDA EP (CPU fallback disabled), the
+2x rule against the float64 reference, and CUDA graph capture (enable_cuda_graph). Skips when
+this onnxruntime has no CUDA EP (onnxruntime-gpu is needed)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from accuracy import assert_within_2x_torch, random_inputs
+from cuda_helpers import BF16, fresh_rng, poisoned, to_device, to_numpy
+from ort_helpers import fused_attention_model
+
+pytestmark = pytest.mark.gpu
+
+_ONNX_TYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+              BF16: TensorProto.BFLOAT16}
+
+
+@pytest.fixture(scope="module")
+def ort():
+    import torch  # noqa: F401  (loads the CUDA 13 libraries onnxruntime-gpu links against)
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        pytest.skip(f"onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider (install onnxruntime-gpu)")
+    return onnxruntime
+
+
+def cuda_session(ort, model, cuda_graph=False):
+    import opsfuse
+
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(opsfuse.get_library_path())
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # FusedAttention must run on CUDA
+    opts = {"device_id": "0"}
+    if cuda_graph:
+        opts["enable_cuda_graph"] = "1"
+    return ort.InferenceSession(model.SerializeToString(), so, providers=[("CUDAExecutionProvider", opts)])
+
+
+def bind(binding, name, tensor, np_dtype):
+    elem = np_dtype
+    if np.dtype(np_dtype) == BF16:
+        elem = TensorProto.BFLOAT16
+    binding.bind_input(name, "cuda", 0, elem, list(tensor.shape), tensor.data_ptr())
+
+
+def run_ort(ort, session, q, k, v, attn_mask=None, key_lengths=None):
+    import torch
+
+    binding = session.io_binding()
+    tensors = {"Q": to_device(q), "K": to_device(k), "V": to_device(v)}
+    if attn_mask is not None:
+        tensors["attn_mask"] = to_device(attn_mask)
+    if key_lengths is not None:
+        tensors["key_lengths"] = torch.from_numpy(np.asarray(key_lengths)).to("cuda")
+    for name, t in tensors.items():
+        arr_dtype = {torch.bool: np.bool_, torch.int32: np.int32, torch.int64: np.int64}.get(t.dtype, q.dtype)
+        try:
+            bind(binding, name, t, arr_dtype)
+        except (TypeError, RuntimeError) as exc:
+            pytest.skip(f"this onnxruntime cannot bind a {t.dtype} device buffer: {exc}")
+    out = poisoned((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q.dtype)
+    out_elem = TensorProto.BFLOAT16 if np.dtype(q.dtype) == BF16 else q.dtype
+    binding.bind_output("Y", "cuda", 0, out_elem, list(out.shape), out.data_ptr())
+    torch.cuda.synchronize()
+    session.run_with_iobinding(binding)
+    torch.cuda.synchronize()
+    return to_numpy(out, q.dtype)
+
+
+CASES = [
+    # dtype, (b, hq, hkv, sq, sk, d, dv), attrs, mask kind, key_lengths dtype
+    (np.float16, (2, 4, 4, 97, 97, 64, 64), {}, None, None),
+    (np.float16, (1, 8, 2, 1, 3000, 128, 128), {"is_causal": 2}, None, np.int64),
+    (ml_dtypes.bfloat16, (2, 4, 2, 130, 130, 128, 128), {"is_causal": 1}, "bool", None),
+    (ml_dtypes.bfloat16, (1, 2, 2, 40, 77, 96, 80), {"softcap": 20.0}, "additive", np.int32),
+    (np.float32, (2, 3, 3, 65, 120, 64, 64), {"scale": 0.2}, "additive", None),
+    (np.float32, (1, 4, 1, 33, 90, 256, 40), {"is_causal": 2}, "bool", np.int32),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_ort_cuda_ep_io_binding(ort, case):
+    dtype, (b, hq, hkv, sq, sk, d, dv), attrs, mask_kind, kl_dtype = CASES[case]
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((b, 1, sq, sk)) < 0.8
+    elif mask_kind == "additive":
+        mask = rng.standard_normal((sq, sk)).astype(dtype)
+    lengths = None
+    if kl_dtype is not None:
+        lengths = rng.integers(0, sk + 1, size=b).astype(kl_dtype)
+    model = fused_attention_model(dtype, None if mask is None else mask.dtype, 0 if mask is None else mask.ndim,
+                                  kl_dtype, **attrs)
+    session = cuda_session(ort, model)
+    out = run_ort(ort, session, q, k, v, mask, lengths)
+    assert_within_2x_torch(out, q, k, v, mask, lengths, attrs.get("scale"), attrs.get("is_causal", 0),
+                           attrs.get("softcap", 0.0), what=f"ORT CUDA EP (seed {seed})")
+
+
+def test_ort_cuda_graph_capture(ort):
+    """Static shapes under enable_cuda_graph: the op must neither synchronize nor allocate outside
+    ORT's allocator; replays must see new input values written into the same buffers."""
+    import torch
+
+    rng, seed = fresh_rng()
+    dtype = np.float16
+    dims = (1, 8, 2, 1, 4096, 128, 128)  # split-KV: ORT-allocated workspace inside the graph
+    model = fused_attention_model(dtype, is_causal=2)
+    session = cuda_session(ort, model, cuda_graph=True)
+    q, k, v = random_inputs(rng, dtype, *dims)
+    tq, tk, tv = to_device(q), to_device(k), to_device(v)
+    out = poisoned((dims[0], dims[1], dims[3], dims[6]), dtype)
+    binding = session.io_binding()
+    for name, t in (("Q", tq), ("K", tk), ("V", tv)):
+        bind(binding, name, t, dtype)
+    binding.bind_output("Y", "cuda", 0, dtype, list(out.shape), out.data_ptr())
+    torch.cuda.synchronize()
+    session.run_with_iobinding(binding)  # captures
+    for _ in range(2):
+        q, k, v = random_inputs(rng, dtype, *dims)
+        tq.copy_(to_device(q)), tk.copy_(to_device(k)), tv.copy_(to_device(v))
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        session.run_with_iobinding(binding)  # replays
+        torch.cuda.synchronize()
+        assert_within_2x_torch(to_numpy(out, dtype), q, k, v, is_causal=2, what=f"ORT CUDA graph (seed {seed})")
