@@ -1,0 +1,473 @@
+// The fused CPU attention kernel, written once against the Vec type of simd.h and compiled once
+// per instruction set (kernel_avx512.cc, kernel_avx2.cc, kernel_baseline.cc). Everything here is
+// in an anonymous namespace; the including file defines the one exported accessor.
+//
+// Layout: the kernel works on transposed tiles so that every vector lane is one query row.
+//   qT  (D,  LB) per lane block: scale * Q rows, packed once per work item
+//   sT  (BN, LB): scores of BN keys for LB queries, then probabilities
+//   oT  (Dv, LB) per lane block: the un-normalized output accumulator
+// S^T = K . Q^T broadcasts one K element and multiplies a vector of queries; O^T += V^T . P^T
+// broadcasts one V element and multiplies a vector of probabilities. K and V are read in place
+// (float32) or converted tile by tile (float16 / bfloat16), never transposed. The softmax
+// statistics (running max m, running sum l) are per lane, so the online-softmax update is plain
+// vertical vector arithmetic with no horizontal reductions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu_kernel.h"
+#include "half_convert.h"
+#include "simd.h"
+
+namespace {
+
+using opsfuse::AttentionParams;
+using opsfuse::DType;
+using opsfuse::MaskKind;
+using opsfuse::cpu::Tiling;
+
+constexpr int kW = Vec::kLanes;
+// Vectors of queries per micro-kernel row (lane block = kW * kMaxNV queries), and key / value
+// rows per micro-kernel block, chosen so the accumulators fill the register file without spills:
+// AVX-512 6 x 4 zmm = 24 of 32, AVX2 6 x 2 ymm = 12 of 16, SSE2 4 x 2 xmm = 8 of 16.
+#if defined(__AVX512F__)
+constexpr int kMaxNV = 4;
+#elif defined(__AVX2__)
+constexpr int kMaxNV = 2;
+#elif defined(__SSE2__)
+constexpr int kMaxNV = 2;
+#else
+constexpr int kMaxNV = 4;
+#endif
+constexpr int kLB = kW * kMaxNV;
+
+// Rows per micro-kernel block for NV query vectors: fewer query vectors leave room for more rows.
+template <int NV>
+constexpr int rows_for() {
+#if defined(__AVX512F__)
+  return NV == 1 ? 12 : NV == 2 ? 8 : 6;
+#elif defined(__AVX2__)
+  return NV == 1 ? 8 : 6;
+#else
+  return 4;
+#endif
+}
+
+constexpr float kNegInf = -__builtin_inff();
+
+static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline size_t align16(size_t n) { return (n + 15) & ~static_cast<size_t>(15); }
+
+// ---------------------------------------------------------------------------------------------
+// Micro-kernels.
+
+// out[r][lanes] = sum_d k[r][d] * q[d][lanes] for R keys and NV query vectors.
+// k: R rows at stride kst (floats); q: (D, kLB) lane block; out: (R, kLB).
+// The sum over d runs in chunks of kDChunk that start from zero and are then added up
+// (blocked summation: rounding error grows with kDChunk + D / kDChunk terms instead of D).
+constexpr int64_t kDChunk = 16;
+
+template <int NV, int R>
+static inline void qk_block(const float* k, int64_t kst, const float* q, int64_t d_len, float* out) {
+  for (int64_t d0 = 0; d0 < d_len; d0 += kDChunk) {
+    const int64_t d1 = imin(d0 + kDChunk, d_len);
+    Vec acc[R][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) acc[r][c] = vzero();
+    for (int64_t d = d0; d < d1; ++d) {
+      Vec qv[NV];
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) qv[c] = vload(q + d * kLB + c * kW);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const Vec kb = vset1(k[r * kst + d]);
+#pragma GCC unroll 4
+        for (int c = 0; c < NV; ++c) acc[r][c] = vfma(kb, qv[c], acc[r][c]);
+      }
+    }
+    if (d0 == 0) {
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < NV; ++c) vstore(out + r * kLB + c * kW, acc[r][c]);
+    } else {
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < NV; ++c) {
+          float* dst = out + r * kLB + c * kW;
+          vstore(dst, vadd(vload(dst), acc[r][c]));
+        }
+    }
+  }
+}
+
+// o[r][lanes] = o[r][lanes] * alpha[lanes] + sum_j v[j][r] * p[j][lanes] for R value columns.
+// v: value rows at stride vst, already offset to the first of the R columns; p: (nk, kLB);
+// o: (R, kLB) rows of the (Dv, kLB) accumulator. The tile's sum starts from zero and is added
+// to the rescaled accumulator at the end (blocked summation: rounding error grows with
+// block_k + Sk / block_k terms instead of Sk).
+template <int NV, int R>
+static inline void pv_block(const float* v, int64_t vst, const float* p, int64_t nk, float* o, const Vec* alpha) {
+  Vec acc[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) acc[r][c] = vzero();
+  for (int64_t j = 0; j < nk; ++j) {
+    Vec pv[NV];
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) pv[c] = vload(p + j * kLB + c * kW);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const Vec vb = vset1(v[j * vst + r]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) acc[r][c] = vfma(vb, pv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) {
+      float* dst = o + r * kLB + c * kW;
+      vstore(dst, vfma(vload(dst), alpha[c], acc[r][c]));
+    }
+}
+
+// Runtime row count (1..R) -> compile-time block, for the tail of a key or value range.
+template <int NV, int R>
+static inline void qk_tail(int rows, const float* k, int64_t kst, const float* q, int64_t d_len, float* out) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      qk_block<NV, R>(k, kst, q, d_len, out);
+    } else {
+      qk_tail<NV, R - 1>(rows, k, kst, q, d_len, out);
+    }
+  }
+}
+
+template <int NV, int R>
+static inline void pv_tail(int rows, const float* v, int64_t vst, const float* p, int64_t nk, float* o,
+                           const Vec* alpha) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      pv_block<NV, R>(v, vst, p, nk, o, alpha);
+    } else {
+      pv_tail<NV, R - 1>(rows, v, vst, p, nk, o, alpha);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element access.
+
+static inline float load_elem(const void* base, int64_t idx, DType t) {
+  switch (t) {
+    case DType::kFloat16: return f16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+    case DType::kBFloat16: return bf16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+    default: return static_cast<const float*>(base)[idx];
+  }
+}
+
+static inline void store_elem(void* base, int64_t idx, DType t, float x) {
+  switch (t) {
+    case DType::kFloat16: static_cast<uint16_t*>(base)[idx] = f32_to_f16(x); break;
+    case DType::kBFloat16: static_cast<uint16_t*>(base)[idx] = f32_to_bf16(x); break;
+    default: static_cast<float*>(base)[idx] = x; break;
+  }
+}
+
+// Converts `rows` rows of `len` half / bfloat16 elements (row stride `src_stride` elements) into
+// dense float rows of stride `len`.
+static void convert_rows(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t len, DType t, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * src_stride;
+    float* o = dst + r * len;
+    int64_t x = 0;
+#if defined(OPSFUSE_HAS_VEC_HALF)
+    if (t == DType::kFloat16) {
+      for (; x + kW <= len; x += kW) vstore(o + x, vload_f16(s + x));
+    } else {
+      for (; x + kW <= len; x += kW) vstore(o + x, vload_bf16(s + x));
+    }
+#endif
+    if (t == DType::kFloat16) {
+      for (; x < len; ++x) o[x] = f16_to_f32(s[x]);
+    } else {
+      for (; x < len; ++x) o[x] = bf16_to_f32(s[x]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One work item.
+
+struct Scratch {
+  float* qT;  // (n_lb, D, kLB)
+  float* oT;  // (n_lb, Dv, kLB)
+  float* m;   // (n_lb, kLB) running max
+  float* l;   // (n_lb, kLB) running sum
+  float* sT;  // (BN, kLB)
+  float* kt;  // (BN, D) converted K tile (half / bfloat16 only)
+  float* vt;  // (BN, Dv) converted V tile
+};
+
+static size_t scratch_layout(const AttentionParams& p, const Tiling& t, float* base, Scratch* s) {
+  const int64_t n_lb = ceil_div(t.block_q, kLB);
+  const bool convert = p.dtype != DType::kFloat32;
+  const size_t sizes[7] = {
+      align16(static_cast<size_t>(n_lb * p.head_dim * kLB)),
+      align16(static_cast<size_t>(n_lb * p.head_dim_v * kLB)),
+      align16(static_cast<size_t>(n_lb * kLB)),
+      align16(static_cast<size_t>(n_lb * kLB)),
+      align16(static_cast<size_t>(t.block_k * kLB)),
+      convert ? align16(static_cast<size_t>(t.block_k * p.head_dim)) : 0,
+      convert ? align16(static_cast<size_t>(t.block_k * p.head_dim_v)) : 0,
+  };
+  size_t off = 0;
+  float** slots[7] = {&s->qT, &s->oT, &s->m, &s->l, &s->sT, &s->kt, &s->vt};
+  for (int i = 0; i < 7; ++i) {
+    if (base != nullptr) *slots[i] = base + off;
+    off += sizes[i];
+  }
+  return off * sizeof(float);
+}
+
+static size_t scratch_bytes(const AttentionParams& p, const Tiling& t) { return scratch_layout(p, t, nullptr, nullptr); }
+
+struct ItemCtx {
+  const AttentionParams* p;
+  int64_t b, h, hk;
+  int64_t klen;         // keys visible through key_lengths
+  int64_t causal_off;   // row i sees keys j <= i + causal_off (when causal)
+  int64_t t0;           // first key of the current tile
+};
+
+// One past the last key row i may attend.
+static inline int64_t row_end(const ItemCtx& c, int64_t i) {
+  if (c.p->is_causal == 0) return c.klen;
+  return imax(0, imin(c.klen, i + c.causal_off + 1));
+}
+
+// Scores -> softcap -> mask -> causal for the (nk, lanes) block in sT, then the online-softmax
+// update and O^T += V^T P^T for lane block `lb`.
+template <int NV>
+static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_t i_first, int64_t n_rows,
+                          const float* kp, int64_t kst, const float* vp, int64_t vst, int64_t nk) {
+  const AttentionParams& p = *c.p;
+  const int64_t d_len = p.head_dim;
+  const int64_t dv_len = p.head_dim_v;
+  const float* q = s.qT + lb * d_len * kLB;
+  float* sT = s.sT;
+
+  // S^T = K Q^T
+  {
+    constexpr int R = rows_for<NV>();
+    int64_t j = 0;
+    for (; j + R <= nk; j += R) qk_block<NV, R>(kp + j * kst, kst, q, d_len, sT + j * kLB);
+    if (j < nk) qk_tail<NV, R - 1>(static_cast<int>(nk - j), kp + j * kst, kst, q, d_len, sT + j * kLB);
+  }
+
+  if (p.softcap > 0.0f) {
+    const Vec cap = vset1(p.softcap);
+    for (int64_t j = 0; j < nk; ++j)
+      for (int cc = 0; cc < NV; ++cc) {
+        float* x = sT + j * kLB + cc * kW;
+        vstore(x, vmul(cap, vtanh(vdiv(vload(x), cap))));
+      }
+  }
+
+  if (p.mask_kind != MaskKind::kNone) {
+    const int64_t* ms = p.mask_stride;
+    const int64_t base = c.b * ms[0] + c.h * ms[1] + c.t0 * ms[3];
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const int64_t row = base + (i_first + r) * ms[2];
+      float* col = sT + r;
+      if (p.mask_kind == MaskKind::kBool) {
+        const uint8_t* m = static_cast<const uint8_t*>(p.mask) + row;
+        for (int64_t j = 0; j < nk; ++j)
+          if (m[j * ms[3]] == 0) col[j * kLB] = kNegInf;
+      } else if (p.dtype == DType::kFloat32) {
+        const float* m = static_cast<const float*>(p.mask) + row;
+        for (int64_t j = 0; j < nk; ++j) col[j * kLB] += m[j * ms[3]];
+      } else {
+        for (int64_t j = 0; j < nk; ++j) col[j * kLB] += load_elem(p.mask, row + j * ms[3], p.dtype);
+      }
+    }
+  }
+
+  if (p.is_causal != 0 && row_end(c, i_first) < c.t0 + nk) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const int64_t first_hidden = imax(0, row_end(c, i_first + r) - c.t0);
+      for (int64_t j = first_hidden; j < nk; ++j) sT[j * kLB + r] = kNegInf;
+    }
+  }
+
+  // Online softmax, one lane per query row.
+  float* mrow = s.m + lb * kLB;
+  float* lrow = s.l + lb * kLB;
+  Vec alpha[NV];
+  for (int cc = 0; cc < NV; ++cc) {
+    const Vec m_old = vload(mrow + cc * kW);
+    Vec mx = m_old;
+    for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(sT + j * kLB + cc * kW));
+    // Rows with every key so far masked keep mx = -inf; subtracting 0 then gives p = 0.
+    const Vec m_use = vneginf_to_zero(mx);
+    alpha[cc] = vexp_nonpos(vsub(m_old, m_use));
+    Vec sum0 = vzero(), sum1 = vzero();
+    int64_t j = 0;
+    for (; j + 2 <= nk; j += 2) {
+      float* x0 = sT + j * kLB + cc * kW;
+      float* x1 = x0 + kLB;
+      const Vec p0 = vexp_nonpos(vsub(vload(x0), m_use));
+      const Vec p1 = vexp_nonpos(vsub(vload(x1), m_use));
+      vstore(x0, p0);
+      vstore(x1, p1);
+      sum0 = vadd(sum0, p0);
+      sum1 = vadd(sum1, p1);
+    }
+    if (j < nk) {
+      float* x0 = sT + j * kLB + cc * kW;
+      const Vec p0 = vexp_nonpos(vsub(vload(x0), m_use));
+      vstore(x0, p0);
+      sum0 = vadd(sum0, p0);
+    }
+    vstore(lrow + cc * kW, vfma(vload(lrow + cc * kW), alpha[cc], vadd(sum0, sum1)));
+    vstore(mrow + cc * kW, mx);
+  }
+
+  // O^T = O^T * alpha + V^T P^T
+  {
+    constexpr int R = rows_for<NV>();
+    float* o = s.oT + lb * dv_len * kLB;
+    int64_t d = 0;
+    for (; d + R <= dv_len; d += R) pv_block<NV, R>(vp + d, vst, sT, nk, o + d * kLB, alpha);
+    if (d < dv_len) pv_tail<NV, R - 1>(static_cast<int>(dv_len - d), vp + d, vst, sT, nk, o + d * kLB, alpha);
+  }
+}
+
+template <int NV>
+static inline void dispatch_block(int nv, const ItemCtx& c, const Scratch& s, int64_t lb, int64_t i_first,
+                                  int64_t n_rows, const float* kp, int64_t kst, const float* vp, int64_t vst,
+                                  int64_t nk) {
+  if constexpr (NV > 0) {
+    if (nv == NV) {
+      process_block<NV>(c, s, lb, i_first, n_rows, kp, kst, vp, vst, nk);
+    } else {
+      dispatch_block<NV - 1>(nv, c, s, lb, i_first, n_rows, kp, kst, vp, vst, nk);
+    }
+  }
+}
+
+static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, float* scratch_base) {
+  Scratch s;
+  scratch_layout(p, t, scratch_base, &s);
+
+  const int64_t qb = item % t.n_qblocks;
+  const int64_t bh = item / t.n_qblocks;
+  ItemCtx c;
+  c.p = &p;
+  c.h = bh % p.heads_q;
+  c.b = bh / p.heads_q;
+  c.hk = c.h / (p.heads_q / p.heads_kv);
+  c.klen = p.seq_k;
+  if (p.key_lengths != nullptr) {
+    c.klen = p.key_lengths_int64 ? static_cast<const int64_t*>(p.key_lengths)[c.b]
+                                 : static_cast<const int32_t*>(p.key_lengths)[c.b];
+    c.klen = imax(0, imin(c.klen, p.seq_k));
+  }
+  c.causal_off = p.is_causal == 2 ? p.seq_k - p.seq_q : 0;
+  c.t0 = 0;
+
+  const int64_t d_len = p.head_dim;
+  const int64_t dv_len = p.head_dim_v;
+  const int64_t q0 = qb * t.block_q;
+  const int64_t qn = imin(t.block_q, p.seq_q - q0);
+  const int64_t n_lb = ceil_div(qn, kLB);
+
+  // Pack scale * Q^T per lane block; lanes past the last row are zero.
+  const int64_t q_off = c.b * p.q_stride[0] + c.h * p.q_stride[1];
+  for (int64_t lb = 0; lb < n_lb; ++lb) {
+    float* qT = s.qT + lb * d_len * kLB;
+    for (int64_t r = 0; r < kLB; ++r) {
+      const int64_t i = q0 + lb * kLB + r;
+      if (i < q0 + qn) {
+        const int64_t row = q_off + i * p.q_stride[2];
+        if (p.dtype == DType::kFloat32) {
+          const float* src = static_cast<const float*>(p.q) + row;
+          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = p.scale * src[d];
+        } else {
+          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = p.scale * load_elem(p.q, row + d, p.dtype);
+        }
+      } else {
+        for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = 0.0f;
+      }
+    }
+  }
+  std::memset(s.oT, 0, sizeof(float) * static_cast<size_t>(n_lb * dv_len * kLB));
+  for (int64_t x = 0; x < n_lb * kLB; ++x) {
+    s.m[x] = kNegInf;
+    s.l[x] = 0.0f;
+  }
+
+  const int64_t kv_end = row_end(c, q0 + qn - 1);  // rows only see more keys further down
+  const int64_t k_off = c.b * p.k_stride[0] + c.hk * p.k_stride[1];
+  const int64_t v_off = c.b * p.v_stride[0] + c.hk * p.v_stride[1];
+  for (int64_t t0 = 0; t0 < kv_end; t0 += t.block_k) {
+    const int64_t nk = imin(t.block_k, kv_end - t0);
+    c.t0 = t0;
+    const float* kp;
+    const float* vp;
+    int64_t kst, vst;
+    if (p.dtype == DType::kFloat32) {
+      kp = static_cast<const float*>(p.k) + k_off + t0 * p.k_stride[2];
+      vp = static_cast<const float*>(p.v) + v_off + t0 * p.v_stride[2];
+      kst = p.k_stride[2];
+      vst = p.v_stride[2];
+    } else {
+      convert_rows(static_cast<const uint16_t*>(p.k) + k_off + t0 * p.k_stride[2], p.k_stride[2], nk, d_len,
+                   p.dtype, s.kt);
+      convert_rows(static_cast<const uint16_t*>(p.v) + v_off + t0 * p.v_stride[2], p.v_stride[2], nk, dv_len,
+                   p.dtype, s.vt);
+      kp = s.kt;
+      vp = s.vt;
+      kst = d_len;
+      vst = dv_len;
+    }
+    for (int64_t lb = 0; lb < n_lb; ++lb) {
+      const int64_t i_first = q0 + lb * kLB;
+      const int64_t n_rows = imin(kLB, q0 + qn - i_first);
+      // Keys of this tile that the block's last (most-seeing) row may attend.
+      const int64_t nb = imin(nk, row_end(c, i_first + n_rows - 1) - t0);
+      if (nb <= 0) continue;
+      const int nv = static_cast<int>(ceil_div(n_rows, kW));
+      dispatch_block<kMaxNV>(nv, c, s, lb, i_first, n_rows, kp, kst, vp, vst, nb);
+    }
+  }
+
+  // Y = O / l; rows whose keys were all masked (l = 0) get zeros.
+  const int64_t y_off = c.b * p.y_stride[0] + c.h * p.y_stride[1];
+  for (int64_t lb = 0; lb < n_lb; ++lb) {
+    const float* o = s.oT + lb * dv_len * kLB;
+    const int64_t n_rows = imin(kLB, q0 + qn - (q0 + lb * kLB));
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const float l = s.l[lb * kLB + r];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int64_t row = y_off + (q0 + lb * kLB + r) * p.y_stride[2];
+      if (p.dtype == DType::kFloat32) {
+        float* y = static_cast<float*>(p.y) + row;
+        for (int64_t d = 0; d < dv_len; ++d) y[d] = o[d * kLB + r] * inv;
+      } else {
+        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, o[d * kLB + r] * inv);
+      }
+    }
+  }
+}
+
+}  // namespace
