@@ -125,8 +125,13 @@ def remove_dead(graph: ir.Graph, start: list[ir.Node]) -> int:
         if any(out.uses() or out.is_graph_output() for out in n.outputs):
             continue
         seen.add(id(n))
-        producers = [v.producer() for v in n.inputs if v is not None and v.producer() is not None]
+        inputs = [v for v in n.inputs if v is not None]
         graph.remove(n, safe=True)
         removed += 1
-        work.extend(producers)
+        for v in inputs:
+            if v.producer() is not None:
+                work.append(v.producer())
+            elif (v.is_initializer() and not v.uses() and not v.is_graph_input() and not v.is_graph_output()
+                  and graph.initializers.get(v.name) is v):
+                graph.initializers.pop(v.name)  # a weight or constant only the removed nodes read
     return removed

@@ -55,6 +55,9 @@ class Plan:
     is_causal: int
     softcap: float
     mask_kind: str = ""
+    pad_mask: bool = False  # pad attn_mask's last axis to the key length, as ONNX does
+    mask_rank: int = 0
+    mask_dtype: ir.DataType | None = None
 
 
 def is_candidate(node: ir.Node) -> bool:
@@ -112,14 +115,19 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         if mr is None or not contract.MIN_MASK_RANK <= mr <= contract.MAX_MASK_RANK:
             raise Reject(f"attn_mask rank {mr} is not provably 2 to 4")
         kv_len = shapes[k.name][1 if three_d else 2]
-        if not (same_dim(shapes[mask.name][-1], kv_len)):
-            raise Reject("cannot prove attn_mask's last dimension is the full key length (ONNX pads a shorter mask)")
+        # ONNX pads a mask shorter than the keys (False / -inf); FusedAttention broadcasts. When
+        # the lengths are not provably equal the rewrite pads explicitly, as ONNX does.
+        pad_mask = not same_dim(shapes[mask.name][-1], kv_len)
+        mask_rank = mr
+    else:
+        pad_mask, mask_rank = False, 0
     if nonpad is not None and dtype_of(nonpad, shapes) not in (ir.DataType.INT64, ir.DataType.INT32):
         raise Reject("nonpad_kv_seqlen is not int32/int64")
     scale_attr = n.attributes.get("scale")
     scale = None if scale_attr is None else float(scale_attr.value)
     mask_kind = "" if mask is None else ("bool" if dtype_of(mask, shapes) == ir.DataType.BOOL else "additive")
-    return Plan(three_d, q_heads, kv_heads, mask, nonpad, scale, 1 if is_causal else 0, softcap, mask_kind)
+    return Plan(three_d, q_heads, kv_heads, mask, nonpad, scale, 1 if is_causal else 0, softcap, mask_kind,
+                pad_mask, mask_rank, dtype_of(mask, shapes) if mask is not None else None)
 
 
 def _to_bnsh(new_nodes, x: ir.Value, heads: int, name: str) -> ir.Value:
@@ -127,6 +135,24 @@ def _to_bnsh(new_nodes, x: ir.Value, heads: int, name: str) -> ir.Value:
                                                                       name=f"{name}_shape")}, f"{name}_shape")
     x4 = emit.node(new_nodes, "Reshape", [x, shape], name=f"{name}_reshape")
     return emit.node(new_nodes, "Transpose", [x4], {"perm": [0, 2, 1, 3]}, f"{name}_transpose")
+
+
+def _pad_mask(new_nodes, mask: ir.Value, k: ir.Value, seq_axis: int, plan: Plan, name: str) -> ir.Value:
+    """Pad(mask, last axis to K's length, False / -inf): ONNX Attention's rule for a short mask."""
+    import numpy as np
+
+    sk = emit.node(new_nodes, "Shape", [k], {"start": seq_axis, "end": seq_axis + 1}, f"{name}/key_len")
+    lm = emit.node(new_nodes, "Shape", [mask], {"start": -1}, f"{name}/mask_len")
+    diff = emit.node(new_nodes, "Sub", [sk, lm], name=f"{name}/missing")
+    zeros = emit.node(new_nodes, "Constant", [], {"value": ir.tensor(np.zeros(2 * plan.mask_rank - 1, np.int64),
+                                                                      name=f"{name}/zeros")}, f"{name}/zeros")
+    pads = emit.node(new_nodes, "Concat", [zeros, diff], {"axis": 0}, f"{name}/pads")
+    if plan.mask_dtype == ir.DataType.BOOL:
+        fill = emit.node(new_nodes, "Constant", [], {"value": ir.tensor(np.array(False), name=f"{name}/fill")},
+                         f"{name}/fill")
+    else:
+        fill = emit.constant(new_nodes, -np.inf, plan.mask_dtype, f"{name}/fill")
+    return emit.node(new_nodes, "Pad", [mask, pads, fill], {"mode": "constant"}, name)
 
 
 def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
@@ -139,7 +165,10 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
         q = _to_bnsh(new_nodes, q, plan.q_heads, f"{base}/Q")
         k = _to_bnsh(new_nodes, k, plan.kv_heads, f"{base}/K")
         v = _to_bnsh(new_nodes, v, plan.kv_heads, f"{base}/V")
-    fused = emit.fused_attention(new_nodes, q, k, v, plan.mask, plan.key_lengths, scale=plan.scale,
+    mask = plan.mask
+    if plan.pad_mask:
+        mask = _pad_mask(new_nodes, mask, n.inputs[1], 1 if plan.three_d else 2, plan, f"{base}/mask_pad")
+    fused = emit.fused_attention(new_nodes, q, k, v, mask, plan.key_lengths, scale=plan.scale,
                                  is_causal=plan.is_causal, softcap=plan.softcap, name=f"{base}/FusedAttention",
                                  like=None if plan.three_d else y_old)
     y = fused.outputs[0]

@@ -114,6 +114,14 @@ def _collect(proto: onnx.ModelProto, dtypes: dict) -> dict[str, Shape]:
     return out
 
 
+def _weaker(new, old) -> bool:
+    """True when the inferred dim `new` says less than the dim `old` already in the model: unknown,
+    or a fresh symbol the inference made up (``unk__N``) where the exporter recorded a dim."""
+    if old is None:
+        return False
+    return new is None or (isinstance(new, str) and new.startswith("unk__"))
+
+
 def infer_shapes(model: ir.Model) -> ShapeMap:
     """{value name: shape} for the main graph (best effort: missing names have unknown rank)."""
     shapes = ShapeMap()
@@ -160,7 +168,7 @@ def infer_shapes(model: ir.Model) -> ShapeMap:
             if old is None or len(old) != len(s):
                 shapes[name] = s
             else:  # keep the better-known dim of each axis
-                shapes[name] = tuple(n if n is not None else o for n, o in zip(s, old))
+                shapes[name] = tuple(o if _weaker(n, o) else n for n, o in zip(s, old))
     return shapes
 
 
