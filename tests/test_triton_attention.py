@@ -1,0 +1,389 @@
+"""The Triton golden kernel against the float64 reference, feature by feature.
+
+Rule (as flash-attention's tests): the kernel's max abs error against the float64 reference is at
+most twice PyTorch's own error when PyTorch computes the same thing in the same dtype (explicit
+matmul / softmax in T), plus a small absolute floor where both are at float32 rounding level.
+Outputs are poisoned with NaN before every run; inputs are fresh random data.
+
+On a machine without a GPU the kernel runs in Triton's interpreter (CPU tensors, small shapes);
+``@pytest.mark.gpu`` tests repeat the checks on CUDA at larger sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+# Imported first: chooses Triton's interpreter (TRITON_INTERPRET=1) when there is no GPU, which
+# must happen before anything else imports triton.
+from opsfuse import triton_attention as ta
+from opsfuse.reference import attention_reference
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Floor added to 2 x torch's error: float32 errors of both are ~1e-7 and their ratio is noise.
+ABS_FLOOR = {torch.float32: 1e-6, torch.float16: 0.0, torch.bfloat16: 0.0}
+
+DEVICE = ta.default_device()
+
+
+def torch_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0,
+                    softcap=0.0):
+    """The contract computed by PyTorch in the inputs' own dtype (the precision baseline)."""
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(hq // hkv, dim=1)
+    v = v.repeat_interleave(hq // hkv, dim=1)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    visible = torch.ones((b, hq, sq, sk), dtype=torch.bool, device=q.device)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            visible = visible & attn_mask
+        else:
+            s = s + attn_mask
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    if is_causal == 1:
+        visible = visible & (j <= i)
+    elif is_causal == 2:
+        visible = visible & (j <= i + (sk - sq))
+    if key_lengths is not None:
+        visible = visible & (j[None] < key_lengths.long()[:, None, None])[:, None]
+    s = s.masked_fill(~visible, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    p = torch.nan_to_num(p, nan=0.0)  # fully-masked rows: softmax of all -inf
+    return torch.matmul(p, v)
+
+
+def rand(*shape, dtype, gen):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype).to(DEVICE)
+
+
+def check(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0,
+          **blocks):
+    """Run the kernel into a NaN-poisoned output and apply the 2x-PyTorch rule."""
+    b, hq, sq, _ = q.shape
+    out = torch.full((b, hq, sq, v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
+    y = ta.attention(q, k, v, attn_mask, key_lengths, scale=scale, is_causal=is_causal,
+                     softcap=softcap, out=out, **blocks)
+    assert y is out
+
+    def np64(t):
+        return None if t is None else t.detach().cpu().to(torch.float64 if t.is_floating_point() else t.dtype).numpy()
+
+    ref = attention_reference(np64(q), np64(k), np64(v), np64(attn_mask), np64(key_lengths),
+                              scale=scale, is_causal=is_causal, softcap=softcap)
+    y64 = np64(y)
+    assert not np.isnan(y64).any(), "NaN in the Triton output (poisoned output not overwritten?)"
+    theirs = np64(torch_attention(q, k, v, attn_mask, key_lengths, scale, is_causal, softcap))
+    err = float(np.abs(y64 - ref).max()) if ref.size else 0.0
+    torch_err = float(np.nan_to_num(np.abs(theirs - ref), nan=np.inf).max()) if ref.size else 0.0
+    tol = 2.0 * torch_err + ABS_FLOOR[q.dtype]
+    assert err <= tol, f"Triton error {err:.3e} > 2 x PyTorch error {torch_err:.3e} (+ floor)"
+    return y64, ref
+
+
+# --- core shapes ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("sq,sk", [(97, 97), (1, 97), (97, 1), (1, 1), (33, 200)])
+def test_shapes_and_dtypes(dtype, sq, sk):
+    gen = torch.Generator().manual_seed(sq * 1000 + sk)
+    q = rand(1, 2, sq, 40, dtype=dtype, gen=gen)
+    k = rand(1, 2, sk, 40, dtype=dtype, gen=gen)
+    v = rand(1, 2, sk, 40, dtype=dtype, gen=gen)
+    check(q, k, v)
+
+
+@pytest.mark.parametrize("d,dv", [(40, 40), (80, 24), (96, 96), (128, 128), (256, 256), (64, 200)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_head_dims(dtype, d, dv):
+    gen = torch.Generator().manual_seed(d * 7 + dv)
+    q = rand(1, 1, 33, d, dtype=dtype, gen=gen)
+    k = rand(1, 1, 50, d, dtype=dtype, gen=gen)
+    v = rand(1, 1, 50, dv, dtype=dtype, gen=gen)
+    check(q, k, v)
+
+
+def test_long_sequence_causal():
+    gen = torch.Generator().manual_seed(1)
+    q = rand(1, 1, 1025, 16, dtype=torch.float16, gen=gen)
+    k = rand(1, 1, 1025, 16, dtype=torch.float16, gen=gen)
+    v = rand(1, 1, 1025, 16, dtype=torch.float16, gen=gen)
+    check(q, k, v, is_causal=1)
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (4, 1), (6, 3)])
+def test_gqa_mqa(hq, hkv):
+    gen = torch.Generator().manual_seed(hq * 10 + hkv)
+    q = rand(2, hq, 17, 32, dtype=torch.float32, gen=gen)
+    k = rand(2, hkv, 23, 32, dtype=torch.float32, gen=gen)
+    v = rand(2, hkv, 23, 32, dtype=torch.float32, gen=gen)
+    y, _ = check(q, k, v)
+    # Query heads of one group read the same K/V: feeding K/V repeated per head gives the same Y.
+    rep = hq // hkv
+    y_full = ta.attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+    np.testing.assert_array_equal(y, y_full.double().cpu().numpy())
+
+
+def test_scale_attribute():
+    gen = torch.Generator().manual_seed(5)
+    q = rand(1, 2, 19, 24, dtype=torch.float32, gen=gen)
+    k = rand(1, 2, 21, 24, dtype=torch.float32, gen=gen)
+    v = rand(1, 2, 21, 24, dtype=torch.float32, gen=gen)
+    y, _ = check(q, k, v, scale=0.37)
+    y_default = ta.attention(q, k, v)
+    assert not np.allclose(y, y_default.double().cpu().numpy(), atol=1e-3)
+
+
+def test_non_contiguous_inputs():
+    # (B, S, H, D) tensors viewed as (B, H, S, D), as exporters produce after a Transpose.
+    gen = torch.Generator().manual_seed(6)
+    q = rand(2, 13, 3, 32, dtype=torch.float16, gen=gen).transpose(1, 2)
+    k = rand(2, 29, 3, 32, dtype=torch.float16, gen=gen).transpose(1, 2)
+    v = rand(2, 29, 3, 32, dtype=torch.float16, gen=gen).transpose(1, 2)
+    assert not q.is_contiguous()
+    check(q, k, v, is_causal=2)
+
+
+# --- masks ---------------------------------------------------------------------------------------
+
+B, HQ, SQ, SK = 2, 2, 19, 37
+MASK_SHAPES = [(SQ, SK), (1, SK), (HQ, SQ, SK), (B, 1, 1, SK), (1, HQ, SQ, SK), (B, HQ, SQ, SK),
+               (B, HQ, 1, 1)]
+
+
+@pytest.mark.parametrize("mask_shape", MASK_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bool_mask_broadcast(dtype, mask_shape):
+    gen = torch.Generator().manual_seed(hash(mask_shape) % 1000)
+    q = rand(B, HQ, SQ, 32, dtype=dtype, gen=gen)
+    k = rand(B, 1, SK, 32, dtype=dtype, gen=gen)
+    v = rand(B, 1, SK, 32, dtype=dtype, gen=gen)
+    mask = (torch.rand(*mask_shape, generator=gen) > 0.3).to(DEVICE)
+    check(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("mask_shape", MASK_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_additive_mask_broadcast(dtype, mask_shape):
+    gen = torch.Generator().manual_seed(hash(mask_shape) % 1000 + 1)
+    q = rand(B, HQ, SQ, 32, dtype=dtype, gen=gen)
+    k = rand(B, 2, SK, 32, dtype=dtype, gen=gen)
+    v = rand(B, 2, SK, 32, dtype=dtype, gen=gen)
+    mask = torch.randn(*mask_shape, generator=gen) * 2.0
+    mask[torch.rand(*mask_shape, generator=gen) > 0.8] = float("-inf")
+    check(q, k, v, attn_mask=mask.to(dtype).to(DEVICE))
+
+
+# --- causal, key_lengths, softcap ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_causal", [0, 1, 2])
+@pytest.mark.parametrize("sq,sk", [(31, 31), (7, 45), (45, 7), (1, 45), (45, 1)])
+def test_causal(is_causal, sq, sk):
+    gen = torch.Generator().manual_seed(sq * 100 + sk + is_causal)
+    q = rand(1, 2, sq, 16, dtype=torch.float32, gen=gen)
+    k = rand(1, 2, sk, 16, dtype=torch.float32, gen=gen)
+    v = rand(1, 2, sk, 16, dtype=torch.float32, gen=gen)
+    y, ref = check(q, k, v, is_causal=is_causal)
+    if is_causal == 2 and sq > sk:
+        # Lower-right alignment: the first Sq - Sk queries see no key at all -> zeros.
+        assert (y[:, :, : sq - sk] == 0).all()
+
+
+@pytest.mark.parametrize("kl_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_key_lengths(dtype, kl_dtype):
+    gen = torch.Generator().manual_seed(11)
+    q = rand(4, 2, 9, 32, dtype=dtype, gen=gen)
+    k = rand(4, 2, 70, 32, dtype=dtype, gen=gen)
+    v = rand(4, 2, 70, 32, dtype=dtype, gen=gen)
+    lengths = torch.tensor([70, 1, 0, 33], dtype=kl_dtype, device=DEVICE)
+    y, _ = check(q, k, v, key_lengths=lengths)
+    assert (y[2] == 0).all()  # key_lengths = 0: every key masked
+    # Keys past the length do not matter.
+    k2, v2 = k.clone(), v.clone()
+    k2[3, :, 33:] = 100.0
+    v2[3, :, 33:] = -1e4
+    y2 = ta.attention(q, k2, v2, key_lengths=lengths)
+    np.testing.assert_array_equal(y[3], y2[3].double().cpu().numpy())
+
+
+def test_key_lengths_with_mask_and_causal():
+    gen = torch.Generator().manual_seed(12)
+    q = rand(2, 2, 40, 32, dtype=torch.float16, gen=gen)
+    k = rand(2, 2, 40, 32, dtype=torch.float16, gen=gen)
+    v = rand(2, 2, 40, 32, dtype=torch.float16, gen=gen)
+    mask = (torch.rand(2, 1, 40, 40, generator=gen) > 0.2).to(DEVICE)
+    lengths = torch.tensor([25, 40], dtype=torch.int64, device=DEVICE)
+    check(q, k, v, attn_mask=mask, key_lengths=lengths, is_causal=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("softcap", [0.5, 5.0, 50.0])
+def test_softcap(dtype, softcap):
+    gen = torch.Generator().manual_seed(int(softcap * 10))
+    q = rand(1, 2, 21, 32, dtype=dtype, gen=gen) * 3
+    k = rand(1, 2, 43, 32, dtype=dtype, gen=gen) * 3
+    v = rand(1, 2, 43, 32, dtype=dtype, gen=gen)
+    check(q, k, v, softcap=softcap)
+
+
+def test_softcap_before_additive_mask():
+    # Softcap applies to the scores before the mask is added: a mask far larger than the cap
+    # must still shift the scores by its full value.
+    gen = torch.Generator().manual_seed(13)
+    q = rand(1, 1, 8, 16, dtype=torch.float32, gen=gen)
+    k = rand(1, 1, 8, 16, dtype=torch.float32, gen=gen)
+    v = rand(1, 1, 8, 16, dtype=torch.float32, gen=gen)
+    mask = torch.zeros(8, 8)
+    mask[:, 3] = 30.0  # >> softcap: key 3 dominates every row
+    y, _ = check(q, k, v, attn_mask=mask.to(DEVICE), softcap=1.0)
+    np.testing.assert_allclose(y[0, 0], np.broadcast_to(v[0, 0, 3].double().cpu().numpy(), (8, 16)),
+                               atol=1e-6)
+
+
+SMALL_TILE_CASES = (
+    [(torch.float32, c, sq, sk) for c in (0, 1, 2) for sq, sk in [(50, 50), (21, 50), (50, 21)]]
+    + [(t, c, 50, 37) for t in (torch.float16, torch.bfloat16) for c in (0, 2)]
+)
+
+
+@pytest.mark.parametrize("dtype,is_causal,sq,sk", SMALL_TILE_CASES, ids=str)
+def test_small_tiles_every_feature(dtype, is_causal, sq, sk):
+    # 16 x 16 tiles: several key tiles per row block, partial last tiles, rows whose visible keys
+    # start or end mid-tile, tiles fully masked for some rows: the online softmax across tiles.
+    gen = torch.Generator().manual_seed(sq + sk + is_causal)
+    q = rand(2, 2, sq, 24, dtype=dtype, gen=gen)
+    k = rand(2, 1, sk, 24, dtype=dtype, gen=gen)
+    v = rand(2, 1, sk, 40, dtype=dtype, gen=gen)
+    mask = torch.randn(2, 1, sq, sk, generator=gen)
+    mask[:, :, :, 16:32] = float("-inf")  # one key tile masked for every row
+    mask[:, :, 5] = float("-inf")  # one query row masked entirely
+    lengths = torch.tensor([sk - 3, 13], dtype=torch.int32, device=DEVICE)
+    check(q, k, v, mask.to(dtype).to(DEVICE), lengths, scale=0.3, is_causal=is_causal,
+          softcap=3.0, block_m=16, block_n=16)
+
+
+# --- fully masked rows ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_fully_masked_rows_are_zero(dtype, kind):
+    gen = torch.Generator().manual_seed(14)
+    q = rand(1, 2, 12, 32, dtype=dtype, gen=gen)
+    k = rand(1, 2, 150, 32, dtype=dtype, gen=gen)  # several key tiles
+    v = rand(1, 2, 150, 32, dtype=dtype, gen=gen)
+    allowed = torch.rand(1, 2, 12, 150, generator=gen) > 0.5
+    allowed[0, 0, 3] = False
+    allowed[0, 1, 11] = False
+    if kind == "bool":
+        mask = allowed
+    else:
+        mask = torch.zeros(1, 2, 12, 150).masked_fill(~allowed, float("-inf")).to(dtype)
+    y, _ = check(q, k, v, attn_mask=mask.to(DEVICE), softcap=2.0)
+    assert (y[0, 0, 3] == 0).all() and (y[0, 1, 11] == 0).all()
+
+
+def test_empty_key_sequence():
+    q = torch.randn(1, 2, 3, 8).to(DEVICE)
+    k = torch.randn(1, 2, 0, 8).to(DEVICE)
+    v = torch.randn(1, 2, 0, 8).to(DEVICE)
+    out = torch.full((1, 2, 3, 8), float("nan"), device=DEVICE)
+    ta.attention(q, k, v, out=out)
+    assert (out == 0).all()
+
+
+# --- numpy front end and errors ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_numpy_front_end(dtype):
+    import ml_dtypes
+
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(15)
+    q = rng.standard_normal((1, 2, 5, 16)).astype(np_dtype)
+    k = rng.standard_normal((1, 1, 9, 16)).astype(np_dtype)
+    v = rng.standard_normal((1, 1, 9, 16)).astype(np_dtype)
+    mask = rng.random((5, 9)) > 0.3
+    y = ta.attention_numpy(q, k, v, mask, np.array([7], dtype=np.int32), is_causal=2)
+    assert y.dtype == np_dtype and y.shape == (1, 2, 5, 16)
+    ref = attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                              mask, np.array([7]), is_causal=2)
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}[dtype]
+    np.testing.assert_allclose(y.astype(np.float64), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(q=(1, 3, 4, 8), k=(1, 2, 5, 8), v=(1, 2, 5, 8)), "multiple of key/value heads"),
+    (dict(k=(1, 1, 5, 16)), "head size of K"),
+    (dict(v=(1, 1, 6, 8)), "disagree"),
+    (dict(q=(2, 2, 4, 8)), "batch sizes"),
+    (dict(q=(2, 4, 8)), "4-D"),
+    (dict(q=(1, 2, 4, 300), k=(1, 1, 5, 300)), "head sizes"),
+    (dict(mask=(3, 5)), "does not broadcast"),
+    (dict(mask=(5,)), "rank 2 to 4"),
+    (dict(mask_dtype=torch.int32), "expected bool"),
+    (dict(kl=(2,)), "key_lengths must have shape"),
+    (dict(kl_dtype=torch.float32), "key_lengths has dtype"),
+    (dict(is_causal=3), "is_causal"),
+    (dict(softcap=-1.0), "softcap"),
+    (dict(block_n=24), "block_n must be a power of two"),
+])
+def test_bad_inputs_raise(bad, match):
+    q = torch.randn(*bad.get("q", (1, 2, 4, 8))).to(DEVICE)
+    k = torch.randn(*bad.get("k", (1, 1, 5, q.shape[-1]))).to(DEVICE)
+    v = torch.randn(*bad.get("v", (1, 1, 5, 8))).to(DEVICE)
+    mask = None
+    if "mask" in bad or "mask_dtype" in bad:
+        mask = torch.ones(*bad.get("mask", (4, 5)), dtype=bad.get("mask_dtype", torch.bool)).to(DEVICE)
+    kl = None
+    if "kl" in bad or "kl_dtype" in bad:
+        kl = torch.ones(*bad.get("kl", (1,)), dtype=bad.get("kl_dtype", torch.int32)).to(DEVICE)
+    with pytest.raises(ValueError, match=f"FusedAttention: .*{match}"):
+        ta.attention(q, k, v, mask, kl, is_causal=bad.get("is_causal", 0),
+                     softcap=bad.get("softcap", 0.0), block_n=bad.get("block_n"))
+
+
+# --- the same checks on a GPU at larger sizes -----------------------------------------------------
+
+gpu_only = pytest.mark.skipif(ta.INTERPRET, reason="Triton runs interpreted in this process")
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [40, 80, 96, 128, 256])
+@pytest.mark.parametrize("sq,sk", [(1025, 1025), (1, 1025), (97, 1025), (1025, 97)])
+def test_gpu_large(dtype, d, sq, sk):
+    gen = torch.Generator().manual_seed(d + sq + sk)
+    q = rand(2, 8, sq, d, dtype=dtype, gen=gen)
+    k = rand(2, 2, sk, d, dtype=dtype, gen=gen)
+    v = rand(2, 2, sk, d, dtype=dtype, gen=gen)
+    check(q, k, v, is_causal=2)
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_every_feature(dtype):
+    gen = torch.Generator().manual_seed(99)
+    b, hq, hkv, sq, sk, d = 3, 8, 2, 513, 1025, 128
+    q = rand(b, hq, sq, d, dtype=dtype, gen=gen)
+    k = rand(b, hkv, sk, d, dtype=dtype, gen=gen)
+    v = rand(b, hkv, sk, 96, dtype=dtype, gen=gen)
+    for mask in [(torch.rand(b, 1, sq, sk, generator=gen) > 0.2).to(DEVICE),
+                 (torch.randn(1, hq, 1, sk, generator=gen)).to(dtype).to(DEVICE)]:
+        for kl_dtype in (torch.int32, torch.int64):
+            lengths = torch.tensor([1025, 0, 700], dtype=kl_dtype, device=DEVICE)
+            for is_causal in (0, 1, 2):
+                check(q, k, v, mask, lengths, scale=0.1, is_causal=is_causal, softcap=20.0)
