@@ -1,0 +1,242 @@
+"""Rule sdpa_subgraph: one test per exporter variant (structure, attributes, count, numerics in
+ORT) and the negative cases with their stated reasons."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from attention_graphs import F16, F32, classifier_softmax_model, random_feeds, sdpa_model
+from rewrite_helpers import assert_same_outputs, attrs, fuse, fused_nodes, validate
+
+D = 8
+
+
+def _fused_one(model):
+    out, report = fuse(model)
+    assert report.found == 1, report.format()
+    assert report.fused == 1, report.format()
+    assert report.counts["sdpa_subgraph"] == 1
+    nodes = fused_nodes(out)
+    assert len(nodes) == 1
+    assert not [n for n in out.graph.node if n.op_type == "Softmax"], "the Softmax should be gone"
+    validate(out)
+    return out, nodes[0], report
+
+
+@pytest.mark.parametrize("scale", ["scores_mul", "scores_div", "q", "k", "split_sqrt", "none"])
+def test_scale_placements(scale):
+    model = sdpa_model(scale=scale)
+    out, node, _ = _fused_one(model)
+    expected = 1.0 if scale == "none" else 1.0 / np.sqrt(D)
+    assert attrs(node)["scale"] == pytest.approx(expected, rel=1e-6)
+    assert attrs(node)["is_causal"] == 0
+    assert node.input[0] == "q" and node.input[2] == "v"
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+@pytest.mark.parametrize("chain", ["cast", "sqrt"])
+def test_scale_constant_through_cast_and_sqrt(chain):
+    model = sdpa_model(scale="scores_mul", scale_chain=chain)
+    out, node, _ = _fused_one(model)
+    assert attrs(node)["scale"] == pytest.approx(1.0 / np.sqrt(D), rel=1e-6)
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+def test_float16_scale_keeps_its_rounding():
+    value = 0.1  # not representable in float16: the fused scale must be the float16 value
+    model = sdpa_model(dtype=F16, scale="scores_mul", scale_value=value)
+    out, node, _ = _fused_one(model)
+    assert attrs(node)["scale"] == pytest.approx(float(np.float16(value)), rel=1e-7)
+    assert attrs(node)["scale"] != pytest.approx(value, rel=1e-5)
+    assert_same_outputs(model, out, random_feeds(model), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("layout", ["bnhd", "bsnh", "rtr", "pre"])
+def test_k_layouts(layout):
+    model = sdpa_model(k_layout=layout, scale="k" if layout in ("bnhd", "bsnh") else "scores_mul")
+    out, node, _ = _fused_one(model)
+    if layout == "bnhd":
+        assert node.input[1] == "k", "Transpose(0,1,3,2) of BNSH K must be absorbed"
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+@pytest.mark.parametrize("masks,first", [(("bias",), False), (("bias",), True), (("pad",), False),
+                                         (("bias", "pad"), False), (("where",), False)])
+def test_masks(masks, first):
+    model = sdpa_model(masks=masks, mask_first=first)
+    out, node, report = _fused_one(model)
+    assert len(node.input) >= 4 and node.input[3]
+    if masks == ("where",):
+        assert node.input[3] == "bool_mask", "a -inf Where mask becomes the bool mask input"
+    if masks == ("bias",):
+        assert node.input[3] == "bias"
+    if len(masks) == 2:
+        producer = {o: n for n in out.graph.node for o in n.output}[node.input[3]]
+        assert producer.op_type == "Add", "two additive masks fold into one input"
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+def test_where_with_finfo_min_fill_stays_exact_for_fully_masked_rows():
+    fill = float(np.finfo(np.float32).min)
+    model = sdpa_model(masks=("where",), where_fill=fill)
+    out, node, report = _fused_one(model)
+    assert report.candidates[0].details["masks"] == [f"where-fill {fill:g}"]
+    feeds = random_feeds(model)
+    feeds["bool_mask"][0, 0, 1, :] = False  # a fully masked row: uniform attention in the original
+    assert_same_outputs(model, out, feeds)
+
+
+def test_where_bool_mask_with_nan_guard_fully_masked_row_is_zero():
+    model = sdpa_model(masks=("where",), nan_guard=True)
+    out, node, report = _fused_one(model)
+    assert report.candidates[0].details["nan_guard"] is True
+    feeds = random_feeds(model)
+    feeds["bool_mask"][1, 0, 2, :] = False  # the guard turns this row's NaN into 0, as the op does
+    assert_same_outputs(model, out, feeds)
+
+
+def test_where_with_small_finite_fill_is_left_with_reason():
+    model = sdpa_model(masks=("where",), where_fill=-1e9)
+    out, report = fuse(model)
+    assert report.found == 1 and report.fused == 0
+    assert "fills with -1e+09" in report.left[0].reason and "uniform attention" in report.left[0].reason
+    assert not fused_nodes(out)
+
+
+def test_dropout_and_nan_guard_are_absorbed():
+    model = sdpa_model(masks=("pad",), dropout=True, nan_guard=True)
+    out, node, _ = _fused_one(model)
+    assert not [n for n in out.graph.node if n.op_type in ("Dropout", "IsNaN")]
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+def test_half_precision_model_with_float32_softmax():
+    model = sdpa_model(dtype=F16, masks=("bias",), softmax_f32=True)
+    out, node, _ = _fused_one(model)
+    assert not [n for n in out.graph.node if n.op_type == "Cast"]
+    assert_same_outputs(model, out, random_feeds(model), rtol=1e-2, atol=1e-2)
+
+
+def test_gqa_repeat_kv_is_absorbed():
+    model = sdpa_model(H=4, Hkv=2, repeat_kv=True, masks=("pad",))
+    out, node, report = _fused_one(model)
+    assert node.input[1] == "k" and node.input[2] == "v", "FusedAttention must read the un-repeated K and V"
+    assert report.candidates[0].details["gqa_repeat_absorbed"] == 2
+    assert not [n for n in out.graph.node if n.op_type == "Expand"]
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+def test_mqa_broadcast_by_matmul():
+    model = sdpa_model(H=4, Hkv=1)
+    out, node, _ = _fused_one(model)
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+def test_cross_attention_different_lengths():
+    model = sdpa_model(S=3, Sk=7, masks=("pad",))
+    out, node, _ = _fused_one(model)
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+def test_opset11_softmax_on_last_axis_is_fused():
+    model = sdpa_model(opset=11, softmax_axis=3)
+    out, node, _ = _fused_one(model)
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+@pytest.mark.parametrize("opset,axis", [(11, None), (13, 1), (17, 2)])
+def test_softmax_not_on_key_axis_is_left(opset, axis):
+    model = sdpa_model(opset=opset, softmax_axis=axis)
+    out, report = fuse(model)
+    assert report.fused == 0 and report.found == 1
+    assert "Softmax axis" in report.left[0].reason
+    assert not fused_nodes(out)
+
+
+def test_probabilities_as_graph_output_are_left():
+    model = sdpa_model(prob_output=True)
+    out, report = fuse(model)
+    assert report.fused == 0
+    assert "graph output" in report.left[0].reason
+    assert report.left[0].nodes == ["/attn/Softmax"]
+
+
+def test_scale_after_additive_mask_is_left():
+    model = sdpa_model(scale="after_mask", masks=("bias",))
+    out, report = fuse(model)
+    assert report.fused == 0
+    assert "before the scale" in report.left[0].reason
+
+
+def test_classifier_softmax_is_not_touched():
+    model = classifier_softmax_model()
+    out, report = fuse(model)
+    assert report.found == 0 and report.fused == 0
+    assert report.other_softmax == ["/attn/Softmax_3"]
+    assert [n.op_type for n in out.graph.node] == [n.op_type for n in model.graph.node]
+    assert not [o for o in out.opset_import if o.domain == "com.opsfuse"]
+
+
+def test_model_properties_are_kept():
+    model = sdpa_model(masks=("pad",))
+    out, node, _ = _fused_one(model)
+    assert out.producer_name == "opsfuse-tests"
+    assert {p.key: p.value for p in out.metadata_props} == {"origin": "attention_graphs"}
+    opsets = {o.domain: o.version for o in out.opset_import}
+    assert opsets[""] == 17 and opsets["com.opsfuse"] == 1
+    assert [o.name for o in out.graph.output] == ["y"]
+    assert [i.name for i in out.graph.input] == [i.name for i in model.graph.input]
+    assert node.name == "/attn/FusedAttention"
+    assert attrs(node)["plugin_namespace"] == b"com.opsfuse" or attrs(node)["plugin_namespace"] == "com.opsfuse"
+
+
+def test_every_fused_rewrite_is_checker_valid_and_runs_twice_idempotently():
+    model = sdpa_model(masks=("bias", "pad"))
+    out, _ = fuse(model)
+    again, report = fuse(out)
+    assert report.found == 0 and len(fused_nodes(again)) == 1
+
+
+def test_ir_model_input_is_rewritten_in_place():
+    import onnx_ir as ir
+
+    from opsfuse.graph_passes import fuse_attention
+
+    model = ir.serde.deserialize_model(sdpa_model())
+    result, report = fuse_attention(model)
+    assert result is model and report.fused == 1
+    assert any(n.op_type == "FusedAttention" for n in model.graph)
+
+
+def test_fuse_attention_rejects_other_types():
+    from opsfuse.graph_passes import fuse_attention
+
+    with pytest.raises(TypeError, match="ModelProto"):
+        fuse_attention("model.onnx")
+
+
+def test_pipeline_returns_counts():
+    import onnx_ir as ir
+
+    from opsfuse.graph_passes import run_pipeline
+
+    model = ir.serde.deserialize_model(sdpa_model())
+    assert run_pipeline(model) == {"onnx_attention": 0, "sdpa_subgraph": 1}
+
+
+def test_dtype_mismatch_float32_mask_on_float16_model_is_left():
+    from attention_graphs import G
+
+    g = G(17)
+    q, k, v = (g.inp(n, F16, [1, 2, 3, 4]) for n in "qkv")
+    m = g.inp("m", F32, [1, 1, 3, 3])
+    s = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]))
+    s = g.op("Cast", s, to=F32)
+    s = g.op("Add", s, m)
+    p = g.op("Cast", g.op("Softmax", s, axis=-1), to=F16)
+    g.op("MatMul", p, v)
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F16, [1, 2, 3, 4])
+    out, report = fuse(g.model())
+    assert report.fused == 0
+    assert "FLOAT" in report.left[0].reason and "mask" in report.left[0].reason
