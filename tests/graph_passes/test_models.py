@@ -1,0 +1,112 @@
+"""Model level: tiny Hugging Face transformers (random weights, nothing downloaded) exported by
+``models/export_models.py``; the rewrite must fuse every attention layer of every variant and keep
+the outputs (ONNX Runtime CPU, original vs rewritten).
+
+CI runs every TorchScript export (opsets 14 and 17, eager and sdpa) and a few dynamo exports
+(about 10 s each); ``OPSFUSE_ALL_EXPORTS=1`` runs the whole dynamo matrix (opsets 18 and 23).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "models"))
+
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+    pytest.skip("torch and transformers are needed to export the test models", allow_module_level=True)
+
+import export_models  # noqa: E402
+
+from opsfuse.graph_passes import fuse_attention, model_io  # noqa: E402
+from opsfuse.graph_passes.verify import verify  # noqa: E402
+
+# Dynamo exports run in CI: the ONNX Attention op with a bool mask and a padded mask, GQA
+# repeat-kv, T5's relative bias, a speech encoder.
+DYNAMO_CI = {
+    ("bert", "sdpa", 23), ("gpt2", "sdpa", 23), ("llama_gqa", "eager", 18), ("t5", "sdpa", 18),
+    ("whisper_encoder", "eager", 18),
+}
+ALL = os.environ.get("OPSFUSE_ALL_EXPORTS") == "1"
+
+# Input shapes for --verify style runs where the default (batch 2, dims 16) does not fit the model.
+SHAPES = {"wav2vec2": {"input_values": (2, 800)}}
+
+VARIANTS = [
+    (model, attn, exporter, opset)
+    for model in export_models.SPECS
+    for attn in export_models.ATTN_MODES
+    for exporter, opset in export_models.EXPORTS
+    if exporter == "torchscript" or ALL or (model, attn, opset) in DYNAMO_CI
+]
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """Exports a variant on first use (session cache); returns its path."""
+    out_dir = tmp_path_factory.mktemp("hf_models")
+    cache: dict = {}
+
+    def get(model, attn, exporter, opset):
+        key = (model, attn, exporter, opset)
+        if key not in cache:
+            try:
+                cache[key] = export_models.export(model, attn, exporter, opset, out_dir)
+            except Exception as exc:  # an exporter limitation, not ours
+                cache[key] = exc
+        result = cache[key]
+        if isinstance(result, Exception):
+            pytest.skip(f"torch.onnx could not export {key}: {type(result).__name__}: {str(result)[:200]}")
+        return result
+
+    return get
+
+
+@pytest.mark.parametrize("model,attn,exporter,opset", VARIANTS,
+                         ids=[export_models.variant_name(*v) for v in VARIANTS])
+def test_every_attention_layer_fused_and_outputs_kept(exported, tmp_path, model, attn, exporter, opset):
+    src = exported(model, attn, exporter, opset)
+    ir_model = model_io.load(src)
+    rewritten, report = fuse_attention(ir_model)
+    expected = export_models.SPECS[model].attention_layers
+    assert report.fused == expected, report.format()
+    assert report.found == expected, report.format()
+    assert not report.left
+    model_io.validate(rewritten)
+    dst = tmp_path / "fused.onnx"
+    model_io.save(rewritten, dst)
+
+    import onnx
+
+    fused = onnx.load(str(dst))
+    assert sum(n.op_type == "FusedAttention" for n in fused.graph.node) == expected
+    assert not [n for n in fused.graph.node if n.op_type in ("Softmax", "Attention")]
+    original = onnx.load(str(src))
+    assert [o.name for o in fused.graph.output] == [o.name for o in original.graph.output]
+    assert [i.name for i in fused.graph.input] == [i.name for i in original.graph.input]
+
+    from opsfuse import LibraryNotBuiltError, get_library_path
+
+    try:
+        get_library_path()
+    except LibraryNotBuiltError as exc:
+        pytest.skip(f"structure checked; numerics need the opsfuse ORT library: {exc}")
+    result = verify(src, dst, SHAPES.get(model))
+    if not result.ok and result.error:
+        # Tell apart a model the runtime cannot run at all (an exporter/ORT issue, e.g. opset 23
+        # RotaryEmbedding) from a failure of the rewritten model.
+        from opsfuse.model_inputs import generate_inputs
+
+        import onnxruntime as ort
+
+        feeds = generate_inputs(original, SHAPES.get(model) or {})
+        try:
+            ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, feeds)
+        except Exception as exc:
+            pytest.skip(f"the original model does not run in ONNX Runtime: {str(exc).splitlines()[0][:200]}")
+    assert result.ok, result.format()
