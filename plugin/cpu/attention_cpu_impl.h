@@ -65,14 +65,15 @@ static inline size_t align16(size_t n) { return (n + 15) & ~static_cast<size_t>(
 // ---------------------------------------------------------------------------------------------
 // Micro-kernels.
 
-// out[r][lanes] = sum_d k[r][d] * q[d][lanes] for R keys and NV query vectors.
+// out[r][lanes] = scale * sum_d k[r][d] * q[d][lanes] for R keys and NV query vectors.
 // k: R rows at stride kst (floats); q: (D, kLB) lane block; out: (R, kLB).
 // The sum over d runs in chunks of kDChunk that start from zero and are then added up
-// (blocked summation: rounding error grows with kDChunk + D / kDChunk terms instead of D).
+// (blocked summation: rounding error grows with kDChunk + D / kDChunk terms instead of D); the
+// scale multiplies the finished dot product, as scale * (Q K^T) is written in the contract.
 constexpr int64_t kDChunk = 16;
 
 template <int NV, int R>
-static inline void qk_block(const float* k, int64_t kst, const float* q, int64_t d_len, float* out) {
+static inline void qk_block(const float* k, int64_t kst, const float* q, int64_t d_len, Vec scale, float* out) {
   for (int64_t d0 = 0; d0 < d_len; d0 += kDChunk) {
     const int64_t d1 = imin(d0 + kDChunk, d_len);
     Vec acc[R][NV];
@@ -91,20 +92,15 @@ static inline void qk_block(const float* k, int64_t kst, const float* q, int64_t
         for (int c = 0; c < NV; ++c) acc[r][c] = vfma(kb, qv[c], acc[r][c]);
       }
     }
-    if (d0 == 0) {
+    const bool last = d1 == d_len;
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-        for (int c = 0; c < NV; ++c) vstore(out + r * kLB + c * kW, acc[r][c]);
-    } else {
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-        for (int c = 0; c < NV; ++c) {
-          float* dst = out + r * kLB + c * kW;
-          vstore(dst, vadd(vload(dst), acc[r][c]));
-        }
-    }
+      for (int c = 0; c < NV; ++c) {
+        float* dst = out + r * kLB + c * kW;
+        Vec x = d0 == 0 ? acc[r][c] : vadd(vload(dst), acc[r][c]);
+        vstore(dst, last ? vmul(x, scale) : x);
+      }
   }
 }
 
@@ -142,12 +138,13 @@ static inline void pv_block(const float* v, int64_t vst, const float* p, int64_t
 
 // Runtime row count (1..R) -> compile-time block, for the tail of a key or value range.
 template <int NV, int R>
-static inline void qk_tail(int rows, const float* k, int64_t kst, const float* q, int64_t d_len, float* out) {
+static inline void qk_tail(int rows, const float* k, int64_t kst, const float* q, int64_t d_len, Vec scale,
+                           float* out) {
   if constexpr (R > 0) {
     if (rows == R) {
-      qk_block<NV, R>(k, kst, q, d_len, out);
+      qk_block<NV, R>(k, kst, q, d_len, scale, out);
     } else {
-      qk_tail<NV, R - 1>(rows, k, kst, q, d_len, out);
+      qk_tail<NV, R - 1>(rows, k, kst, q, d_len, scale, out);
     }
   }
 }
@@ -269,9 +266,10 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
   // S^T = K Q^T
   {
     constexpr int R = rows_for<NV>();
+    const Vec scale = vset1(p.scale);
     int64_t j = 0;
-    for (; j + R <= nk; j += R) qk_block<NV, R>(kp + j * kst, kst, q, d_len, sT + j * kLB);
-    if (j < nk) qk_tail<NV, R - 1>(static_cast<int>(nk - j), kp + j * kst, kst, q, d_len, sT + j * kLB);
+    for (; j + R <= nk; j += R) qk_block<NV, R>(kp + j * kst, kst, q, d_len, scale, sT + j * kLB);
+    if (j < nk) qk_tail<NV, R - 1>(static_cast<int>(nk - j), kp + j * kst, kst, q, d_len, scale, sT + j * kLB);
   }
 
   if (p.softcap > 0.0f) {
@@ -391,7 +389,7 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
   const int64_t qn = imin(t.block_q, p.seq_q - q0);
   const int64_t n_lb = ceil_div(qn, kLB);
 
-  // Pack scale * Q^T per lane block; lanes past the last row are zero.
+  // Pack Q^T per lane block; lanes past the last row are zero.
   const int64_t q_off = c.b * p.q_stride[0] + c.h * p.q_stride[1];
   for (int64_t lb = 0; lb < n_lb; ++lb) {
     float* qT = s.qT + lb * d_len * kLB;
@@ -401,9 +399,9 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
         const int64_t row = q_off + i * p.q_stride[2];
         if (p.dtype == DType::kFloat32) {
           const float* src = static_cast<const float*>(p.q) + row;
-          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = p.scale * src[d];
+          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = src[d];
         } else {
-          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = p.scale * load_elem(p.q, row + d, p.dtype);
+          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = load_elem(p.q, row + d, p.dtype);
         }
       } else {
         for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = 0.0f;
@@ -458,13 +456,14 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
     const int64_t n_rows = imin(kLB, q0 + qn - (q0 + lb * kLB));
     for (int64_t r = 0; r < n_rows; ++r) {
       const float l = s.l[lb * kLB + r];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       const int64_t row = y_off + (q0 + lb * kLB + r) * p.y_stride[2];
-      if (p.dtype == DType::kFloat32) {
+      if (!(l > 0.0f)) {
+        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, 0.0f);
+      } else if (p.dtype == DType::kFloat32) {
         float* y = static_cast<float*>(p.y) + row;
-        for (int64_t d = 0; d < dv_len; ++d) y[d] = o[d * kLB + r] * inv;
+        for (int64_t d = 0; d < dv_len; ++d) y[d] = o[d * kLB + r] / l;
       } else {
-        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, o[d * kLB + r] * inv);
+        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, o[d * kLB + r] / l);
       }
     }
   }
