@@ -51,6 +51,8 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES) -
                 fused = rule.rewrite(graph, match, plan, shapes)
             except Reject as exc:
                 cand.reason = str(exc)
+                if exc.nodes:
+                    cand.nodes = list(exc.nodes)
                 continue
             cand.fused = True
             cand.fused_node = fused.name

@@ -73,7 +73,12 @@ _MAX_DEPTH = 24
 
 
 class Reject(Exception):
-    """The candidate cannot be fused; the message is the reason shown to the user."""
+    """The candidate cannot be fused; the message is the reason shown to the user. `nodes`, when
+    set, names where the candidate is (for the report)."""
+
+    def __init__(self, reason: str, nodes: list[str] | None = None):
+        super().__init__(reason)
+        self.nodes = nodes
 
 
 @dataclasses.dataclass
@@ -344,10 +349,38 @@ def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool]:
     raise Reject("the chain after the Softmax is too long to analyse")
 
 
+def _names(*nodes) -> list[str]:
+    return [n.name or n.op_type for n in nodes if n is not None]
+
+
+def _nearest_matmul(value: ir.Value, depth: int = 6) -> ir.Node | None:
+    """For the report only: the first MatMul found walking back from `value` (breadth first)."""
+    frontier = [value]
+    for _ in range(depth):
+        nxt = []
+        for v in frontier:
+            node = v.producer() if v is not None else None
+            if node is None:
+                continue
+            if node.op_type == "MatMul":
+                return node
+            nxt.extend(node.inputs)
+        frontier = nxt
+    return None
+
+
 def pattern(softmax: ir.Node) -> Match:
     """The attention subgraph around `softmax`, structurally. Raises Reject with a reason."""
-    pv, post_casts, post_internal, guard = _walk_after_softmax(softmax)
-    scores = _parse_scores(softmax.inputs[0], 0, frozenset())
+    try:
+        pv, post_casts, post_internal, guard = _walk_after_softmax(softmax)
+    except Reject as exc:
+        exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax)
+        raise
+    try:
+        scores = _parse_scores(softmax.inputs[0], 0, frozenset())
+    except Reject as exc:
+        exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax, pv)
+        raise
     qk = scores.qk
     q, q_scale = _strip_scale(qk.inputs[0])
     k_base, k_perm, k_scale = _strip_k(qk.inputs[1])

@@ -74,6 +74,8 @@ def _light_proto(model: ir.Model) -> onnx.ModelProto:
         if tensor is None:
             continue
         if tensor.size <= _INLINE_LIMIT:
+            if isinstance(tensor, ir.ExternalTensor):  # small: read it, so the copy stands alone
+                tensor = ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=value.name)
             gp.initializer.append(ir.serde.serialize_tensor(tensor))
             gp.initializer[-1].name = value.name
         elif value.name not in names:
