@@ -377,7 +377,7 @@ def test_gpu_large(dtype, d, sq, sk):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_every_feature(dtype):
     gen = torch.Generator().manual_seed(99)
-    b, hq, hkv, sq, sk, d = 3, 4, 2, 513, 1025, 128
+    b, hq, hkv, sq, sk, d = 3, 4, 2, 257, 1025, 128
     q = rand(b, hq, sq, d, dtype=dtype, gen=gen)
     k = rand(b, hkv, sk, d, dtype=dtype, gen=gen)
     v = rand(b, hkv, sk, 96, dtype=dtype, gen=gen)

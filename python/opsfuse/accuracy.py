@@ -65,10 +65,11 @@ def default_tolerance(array, table=None) -> tuple[float, float]:
 
 
 def quiet_polygraphy(verbose: bool = False) -> None:
-    """Polygraphy logs every comparison at INFO; keep warnings and errors unless verbose."""
+    """Polygraphy logs every comparison (INFO) and every failed one (ERROR); opsfuse prints its
+    own table, so only Polygraphy's critical messages remain unless verbose."""
     from polygraphy.logger import G_LOGGER
 
-    G_LOGGER.module_severity = G_LOGGER.VERBOSE if verbose else G_LOGGER.WARNING
+    G_LOGGER.module_severity = G_LOGGER.INFO if verbose else G_LOGGER.CRITICAL
 
 
 # --- runners -------------------------------------------------------------------------------------
@@ -175,7 +176,14 @@ def compare_to_golden(run_results, golden_name: str = GOLDEN_RUNNER_NAME,
                       label: str | None = None) -> Report:
     """Compare every runner of `run_results` against the golden runner with Polygraphy.
     atol/rtol override the dtype-aware defaults (`table`: MODEL_TOLERANCES or NODE_TOLERANCES)."""
-    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.comparator import Comparator
+
+    try:
+        from polygraphy.comparator import SimpleCompareFunc
+    except ImportError:  # Polygraphy before 0.50
+        from polygraphy.comparator import CompareFunc
+
+        SimpleCompareFunc = CompareFunc.simple
 
     names = [name for name, _ in run_results]
     if golden_name not in names:
@@ -191,7 +199,7 @@ def compare_to_golden(run_results, golden_name: str = GOLDEN_RUNNER_NAME,
         d_atol, d_rtol = default_tolerance(value, table)
         atols[out_name] = d_atol if atol is None else atol
         rtols[out_name] = d_rtol if rtol is None else rtol
-    compare_func = CompareFunc.simple(atol=atols, rtol=rtols, check_error_stat=check_error_stat)
+    compare_func = SimpleCompareFunc(atol=atols, rtol=rtols, check_error_stat=check_error_stat)
 
     report = Report()
     for index, (runner_name, iters) in enumerate(run_results):

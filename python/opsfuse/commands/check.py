@@ -71,6 +71,15 @@ def run(args) -> int:
     providers = [p.strip().lower() for p in args.providers.split(",") if p.strip()]
     if not providers:
         return _fail("--providers: give at least one (cpu, cuda)")
+    import onnxruntime as ort
+
+    from opsfuse.ort_session import provider_name
+
+    available = ort.get_available_providers()
+    missing = [p for p in providers if provider_name(p) not in available]
+    if missing:
+        return _fail(f"--providers: {', '.join(missing)} not available in this onnxruntime "
+                     f"(available: {', '.join(available)})")
     accuracy.quiet_polygraphy(args.verbose)
 
     try:
