@@ -93,6 +93,9 @@ def save(model: ir.Model, path: str | os.PathLike, external_data: bool | None = 
             written.append(path.parent / data_name)
         else:
             ir.save(model, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; give it the usual mode
         os.replace(tmp, path)
     finally:
         for leftover in (tmp, tmp.parent / f"{tmp.name}.data"):

@@ -7,6 +7,7 @@ opsets 14 and 17) and its dynamo exporter (``dynamo=True``, opsets 18 and 23).
     python models/export_models.py --out /tmp/models                 # everything
     python models/export_models.py --out /tmp/m --only bert --exporter torchscript --opset 17
     python models/export_models.py --default                         # models/tiny_bert.onnx
+    python models/export_models.py --bert-large /tmp/bert_large.onnx # the rewrite benchmark's model
 
 ``SPECS`` records, for each model, how many attention layers it has: the tests pin the fused count
 of every exported variant to that number.
@@ -254,6 +255,36 @@ def export_default(path: str | os.PathLike = DEFAULT_MODEL) -> Path:
     return Path(path)
 
 
+def export_bert_large(path: str | os.PathLike, seq: int = 128) -> Path:
+    """The rewrite benchmark's model: BERT-large sized (24 layers, hidden 1024, 16 heads, random
+    weights, ~1.3 GB), TorchScript exporter, opset 17, weights in ``<path>.data``."""
+    import onnx
+    import torch
+    import transformers as tf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                        attn_implementation="eager")
+    model = tf.BertModel(cfg, add_pooling_layer=False).eval()
+    module = _wrap(model, ["input_ids", "attention_mask"], lambda o: o.last_hidden_state)
+    ids, mask = _text_inputs(batch=1, seq=seq, vocab=cfg.vocab_size, padded=False)
+    tmp = path.with_suffix(".inline.onnx")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (ids, mask), str(tmp), input_names=["input_ids", "attention_mask"],
+                          output_names=["out"], dynamic_axes={"input_ids": {0: "batch", 1: "seq"},
+                                                              "attention_mask": {0: "batch", 1: "seq"}},
+                          opset_version=17, dynamo=False)
+    del model, module
+    proto = onnx.load(str(tmp))
+    onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=f"{path.name}.data", size_threshold=1024)
+    tmp.unlink()
+    return path
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="output folder")
@@ -262,9 +293,13 @@ def main(argv=None):
     ap.add_argument("--exporter", choices=("torchscript", "dynamo"), help="only this exporter")
     ap.add_argument("--opset", type=int, help="only this opset")
     ap.add_argument("--default", action="store_true", help=f"write the bundled default model {DEFAULT_MODEL.name}")
+    ap.add_argument("--bert-large", metavar="PATH", help="write the rewrite benchmark's BERT-large-sized model")
     args = ap.parse_args(argv)
     if args.default:
         print(export_default())
+        return 0
+    if args.bert_large:
+        print(export_bert_large(args.bert_large))
         return 0
     if not args.out:
         ap.error("--out is required (or --default)")
