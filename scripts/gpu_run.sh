@@ -14,6 +14,7 @@
 #   CUDA_ARCHS  CMAKE_CUDA_ARCHITECTURES for this build (default: the GPU's own, e.g. 90-real)
 #   BUILD_DIR   build folder (default /tmp/opsfuse-gpu-build; reused when it exists)
 #   PYTEST_ARGS extra pytest arguments (e.g. "-k binding"); PYTEST_WORKERS xdist workers (8)
+#   PYTEST_PATHS what pytest collects (default tests/)
 #   BENCH_GRIDS a subset of seed,prefill,decode
 set -u -o pipefail
 
@@ -127,7 +128,8 @@ if want test; then
   stage check "$OPSFUSE_CUDA_CHECK_BIN"
   local_workers=""
   $PY -c 'import xdist' 2>/dev/null && local_workers="-n ${PYTEST_WORKERS:-8}"
-  stage pytest $PY -m pytest -m gpu tests/ -p no:cacheprovider -rfEs --durations=15 $local_workers \
+  export OPSFUSE_GPU_LOGS="$LOGS"
+  stage pytest $PY -m pytest -m gpu ${PYTEST_PATHS:-tests/} -p no:cacheprovider -rfEs --durations=15 $local_workers \
     --junitxml="$LOGS/pytest.xml" ${PYTEST_ARGS:-}
   grep -E "passed|failed|error" "$LOGS/pytest.log" | tail -3 | tee -a "$SUMMARY"
 fi

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -34,24 +35,32 @@ Status cuda_fail(cudaError_t err, const char* what) {
   return fail(Status::kDeviceError, os.str());
 }
 
-// Multiprocessor count of the current device, cached per device (read once, no synchronization).
-cudaError_t sm_count(int* out) {
-  static int cache[64] = {};
+// What the heuristic needs to know of the current device, read once per device (attribute
+// queries: no synchronization).
+struct DeviceInfo {
+  int sms = 0;
+  int smem_per_sm = 0;  // bytes of shared memory per multiprocessor
+};
+
+cudaError_t device_info(DeviceInfo* out) {
+  static int cache_sms[64] = {};
+  static int cache_smem[64] = {};
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  if (dev < 64) {
-    const int cached = __atomic_load_n(&cache[dev], __ATOMIC_ACQUIRE);
-    if (cached > 0) {
-      *out = cached;
-      return cudaSuccess;
-    }
+  if (dev < 64 && __atomic_load_n(&cache_sms[dev], __ATOMIC_ACQUIRE) > 0) {
+    out->smem_per_sm = __atomic_load_n(&cache_smem[dev], __ATOMIC_ACQUIRE);
+    out->sms = __atomic_load_n(&cache_sms[dev], __ATOMIC_ACQUIRE);
+    return cudaSuccess;
   }
-  int n = 0;
-  err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  err = cudaDeviceGetAttribute(&out->sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&out->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   if (err != cudaSuccess) return err;
-  if (dev < 64) __atomic_store_n(&cache[dev], n, __ATOMIC_RELEASE);
-  *out = n;
+  if (dev < 64) {
+    __atomic_store_n(&cache_smem[dev], out->smem_per_sm, __ATOMIC_RELEASE);
+    __atomic_store_n(&cache_sms[dev], out->sms, __ATOMIC_RELEASE);
+  }
   return cudaSuccess;
 }
 
@@ -65,6 +74,16 @@ cudaError_t select_stream_device(cudaStream_t stream) {
   return want == have ? cudaSuccess : cudaSetDevice(want);
 }
 
+// Workbench knob for the benchmark (docs/notes/cuda_kernel.md): OPSFUSE_CUDA_TUNE=bn64 selects the
+// 128x64 tile for head-size bucket 128 instead of 128x32. Read once.
+bool tune_wide128() {
+  static const bool wide = [] {
+    const char* v = std::getenv("OPSFUSE_CUDA_TUNE");
+    return v != nullptr && std::string(v) == "bn64";
+  }();
+  return wide;
+}
+
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // THE heuristic: which kernel, which tiles, how many KV splits. Depends on shapes, dtype and the
@@ -74,39 +93,45 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 //    packing puts the group's query heads into one tile -- and D, Dv <= 128 -> one-warp decode
 //    tiles (16 rows), so a block does not waste a 128-row tile on 1..16 real rows.
 //  - otherwise the prefill tiles of the head-size bucket.
-//  Split-KV: decode tiles split the keys until about two blocks per resident slot exist (memory
-//  bound: bytes in flight matter); prefill tiles split only when the grid leaves at least half
-//  of the multiprocessors idle and each split keeps >= 4 key tiles (the combine pass is not free).
-Plan choose_plan(const AttentionParams& p, int sms) {
+//  Split-KV: decode tiles split the keys so that the grid fills every resident block slot once
+//  (memory bound: bytes in flight matter, and a second partial wave would idle most of the chip);
+//  prefill tiles split only when the grid leaves at least half of the multiprocessors idle and
+//  each split keeps >= 4 key tiles (the combine pass is not free).
+Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev) {
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
   plan.bucket = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
   const int64_t rows = (p.heads_q / p.heads_kv) * p.seq_q;
   detail::TileShape tile;
-  int per_sm = 2;  // resident blocks per multiprocessor, roughly (registers / shared memory)
+  int smem_block = 0;
   if (p.dtype == DType::kFloat32) {
     plan.kind = KernelKind::kFloat32;
     tile = plan.bucket == 64 ? detail::kF32Tile64 : (plan.bucket == 128 ? detail::kF32Tile128 : detail::kF32Tile256);
-  } else if (rows <= 16 && plan.bucket <= 128) {
-    plan.kind = KernelKind::kTensorCoreDecode;
-    tile = detail::kTcDecodeTile;
-    per_sm = 4;
+    smem_block = 4 * (plan.bucket * (tile.block_m + 4) + plan.bucket * (tile.block_n + 4) +
+                      tile.block_n * (plan.bucket + 4) + tile.block_n * (tile.block_m + 4));
   } else {
-    plan.kind = KernelKind::kTensorCore;
-    tile = plan.bucket == 64 ? detail::kTcTile64 : (plan.bucket == 128 ? detail::kTcTile128 : detail::kTcTile256);
+    const bool decode = rows <= 16 && plan.bucket <= 128;
+    plan.kind = decode ? KernelKind::kTensorCoreDecode : KernelKind::kTensorCore;
+    tile = decode ? detail::kTcDecodeTile
+                  : (plan.bucket == 64 ? detail::kTcTile64 : (plan.bucket == 128 ? detail::kTcTile128 : detail::kTcTile256));
+    if (!decode && plan.bucket == 128 && tune_wide128()) tile = detail::kTcTile128Wide;
+    smem_block = 2 * (tile.block_m + 2 * tile.block_n) * (plan.bucket + 8);
   }
   plan.block_m = tile.block_m;
   plan.block_n = tile.block_n;
   plan.row_tiles = ceil_div(rows, tile.block_m);
+  // Resident blocks per multiprocessor: shared memory, or registers (tile.per_sm_regs).
+  const int per_sm = std::max(1, std::min(tile.per_sm_regs, dev.smem_per_sm / (smem_block + 1024)));
   const int64_t blocks = p.batch * p.heads_kv * plan.row_tiles;
   const int n_tiles = ceil_div(p.seq_k, tile.block_n);
-  const int64_t slots = static_cast<int64_t>(sms) * per_sm;
+  const int64_t slots = static_cast<int64_t>(dev.sms) * per_sm;
   int splits = 1;
   if (blocks > 0 && n_tiles > 1) {
     if (plan.kind == KernelKind::kTensorCoreDecode) {
-      if (blocks < 2 * slots) splits = std::min<int64_t>(ceil_div(2 * slots, blocks), std::max(1, n_tiles / 2));
-    } else if (2 * blocks <= sms && n_tiles >= 8) {
-      splits = std::min<int64_t>(ceil_div(slots, blocks), n_tiles / 4);
+      // Memory bound: fill every resident slot once (one wave), each split >= 2 key tiles.
+      if (blocks < slots) splits = std::min<int64_t>(slots / blocks, std::max(1, n_tiles / 2));
+    } else if (2 * blocks <= dev.sms && n_tiles >= 8) {
+      splits = std::min<int64_t>(slots / blocks, n_tiles / 4);
     }
   }
   plan.num_splits = std::max(1, std::min(splits, 128));
@@ -204,6 +229,8 @@ RunFn pick_kernel(const AttentionParams& p, const Plan& plan) {
     case KernelKind::kTensorCore: {
       static const RunFn h[3] = {run_tc_f16_d64, run_tc_f16_d128, run_tc_f16_d256};
       static const RunFn bf[3] = {run_tc_bf16_d64, run_tc_bf16_d128, run_tc_bf16_d256};
+      if (bi == 1 && plan.block_n == kTcTile128Wide.block_n)
+        return p.dtype == DType::kFloat16 ? run_tc_f16_d128w : run_tc_bf16_d128w;
       return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
     }
   }
@@ -215,9 +242,9 @@ RunFn pick_kernel(const AttentionParams& p, const Plan& plan) {
 size_t workspace_size(const AttentionParams& p) {
   if (!check_params(p).empty()) return 0;
   if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return 0;
-  int sms = 0;
-  if (sm_count(&sms) != cudaSuccess) return 0;
-  return workspace_for(p, choose_plan(p, sms));
+  DeviceInfo dev;
+  if (device_info(&dev) != cudaSuccess) return 0;
+  return workspace_for(p, choose_plan(p, dev));
 }
 
 Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
@@ -233,10 +260,10 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
   // make it the stream's device (host-side query, no synchronization).
   cudaError_t err = select_stream_device(stream);
   if (err != cudaSuccess) return cuda_fail(err, "selecting the stream's device");
-  int sms = 0;
-  err = sm_count(&sms);
-  if (err != cudaSuccess) return cuda_fail(err, "reading the multiprocessor count");
-  const Plan plan = choose_plan(p, sms);
+  DeviceInfo dev;
+  err = device_info(&dev);
+  if (err != cudaSuccess) return cuda_fail(err, "reading the device's attributes");
+  const Plan plan = choose_plan(p, dev);
   const size_t need = workspace_for(p, plan);
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
     std::ostringstream os;

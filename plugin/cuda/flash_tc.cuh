@@ -122,13 +122,15 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
   const int t_begin = min(n_tiles, static_cast<int>(blockIdx.z) * per_split);
   const int t_end = min(n_tiles, t_begin + per_split);
 
-  // Rows this thread owns in the mma C layout: (mt, h) -> warp row mt*16 + h*8 + lane/4.
-  RowInfo ri[kMT][2];
+  // Rows this thread owns in the mma C layout: (mt, h) -> warp row mt*16 + h*8 + lane/4. Only the
+  // key limit stays in registers; the rest of RowInfo is recomputed where needed (registers).
+  const int warp_row = warp * (16 * kMT);
+  auto row_of = [&](int mt, int h) { return row0 + warp_row + mt * 16 + h * 8 + lane / 4; };
+  int key_limit[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      ri[mt][h] = make_row(a, b, hk, row0 + warp * (16 * kMT) + mt * 16 + h * 8 + lane / 4, len);
+    for (int h = 0; h < 2; ++h) key_limit[mt][h] = make_row(a, b, hk, row_of(mt, h), len).key_limit;
 
   const uint16_t* qbase = static_cast<const uint16_t*>(a.q);
   const uint16_t* kbase = static_cast<const uint16_t*>(a.k) + b * a.k_stride[0] + hk * a.k_stride[1];
@@ -173,7 +175,6 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
   const int d_steps = (a.head_dim + 15) / 16;   // k-steps of Q K^T that hold real columns
   const int dv_pairs = (a.head_dim_v + 15) / 16;  // pairs of n8 output tiles that hold real columns
   const bool elementwise = a.mask_kind != 0 || a.softcap > 0.0f;
-  const int warp_row = warp * (16 * kMT);
 
   uint32_t qf[kQInRegs ? kMT : 1][kQInRegs ? kD / 16 : 1][4];
 
@@ -229,7 +230,19 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
 
     // Scores in the log2 domain; the contract element by element only where a tile needs it.
     const int n0 = t * kBN;
-    if (elementwise || n0 + kBN > kr.all_visible) {
+    if (elementwise) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const RowInfo ri = make_row(a, b, hk, row_of(mt, h), len);
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e)
+              s[mt][nt][e] = full_score<T>(a, s[mt][nt][e], ri, n0 + nt * 8 + (lane % 4) * 2 + (e & 1));
+        }
+    } else if (n0 + kBN > kr.all_visible) {  // causal / key_lengths boundary tile
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -237,7 +250,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int j = n0 + nt * 8 + (lane % 4) * 2 + (e & 1);
-            s[mt][nt][e] = full_score<T>(a, s[mt][nt][e], ri[mt][e >> 1], j);
+            s[mt][nt][e] = j < key_limit[mt][e >> 1] ? s[mt][nt][e] * a.scale_log2 : -INFINITY;
           }
     } else {
 #pragma unroll
@@ -317,7 +330,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
       float l = l_run[mt][h];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const RowInfo& r = ri[mt][h];
+      const RowInfo r = make_row(a, b, hk, row_of(mt, h), len);
       if (!r.valid) continue;
       const int64_t grow = (static_cast<int64_t>(b) * a.heads_q + r.head) * a.seq_q + r.pos;
       if (a.num_splits == 1) {

@@ -61,6 +61,8 @@ struct Plan {
 OPSFUSE_DECLARE_TC(run_tc_f16_d64);
 OPSFUSE_DECLARE_TC(run_tc_f16_d128);
 OPSFUSE_DECLARE_TC(run_tc_f16_d256);
+OPSFUSE_DECLARE_TC(run_tc_f16_d128w);
+OPSFUSE_DECLARE_TC(run_tc_bf16_d128w);
 OPSFUSE_DECLARE_TC(run_tc_bf16_d64);
 OPSFUSE_DECLARE_TC(run_tc_bf16_d128);
 OPSFUSE_DECLARE_TC(run_tc_bf16_d256);
@@ -74,15 +76,19 @@ OPSFUSE_DECLARE_TC(run_f32_d256);
 #undef OPSFUSE_DECLARE_TC
 
 // Tile shapes of each configuration, shared by the heuristic and the instantiations.
+// per_sm_regs: resident blocks per multiprocessor allowed by registers (65536 / (threads x the
+// registers ptxas reports for sm_90, rounded up to 8)); the heuristic also bounds it by shared memory.
 struct TileShape {
-  int block_m, block_n, warps;
+  int block_m, block_n, warps, per_sm_regs;
 };
-constexpr TileShape kTcTile64{128, 64, 4};
-constexpr TileShape kTcTile128{128, 32, 4};
-constexpr TileShape kTcTile256{64, 32, 4};
-constexpr TileShape kTcDecodeTile{16, 64, 1};
-constexpr TileShape kF32Tile64{64, 64, 4};
-constexpr TileShape kF32Tile128{64, 32, 4};
-constexpr TileShape kF32Tile256{32, 16, 4};
+constexpr TileShape kTcTile64{128, 64, 4, 2};     // 246 registers
+constexpr TileShape kTcTile128{128, 32, 4, 2};     // 236 registers
+// Workbench variant (OPSFUSE_CUDA_TUNE=bn64): 255 registers, 56 bytes of spill on sm_90.
+constexpr TileShape kTcTile128Wide{128, 64, 4, 2};
+constexpr TileShape kTcTile256{64, 32, 4, 2};     // 232 registers
+constexpr TileShape kTcDecodeTile{16, 64, 1, 8};  // 1 warp, <= 208 registers
+constexpr TileShape kF32Tile64{64, 64, 4, 3};     // 165 registers
+constexpr TileShape kF32Tile128{64, 32, 4, 2};    // 193 registers
+constexpr TileShape kF32Tile256{32, 16, 4, 4};    // 128 registers
 
 }  // namespace opsfuse::cuda::detail

@@ -4,6 +4,7 @@
 // strides and enqueues opsfuse::cuda::launch on the caller's stream. The Python face
 // (opsfuse/cuda.py) allocates the output and the workspace with the tensors' framework.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>  // std::optional arguments
 
 #include <cstdint>
 #include <optional>

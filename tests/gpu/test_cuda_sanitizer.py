@@ -40,5 +40,9 @@ def test_compute_sanitizer(tool):
         args += ["--racecheck-report=all"]
     proc = subprocess.run(args + [driver, "--quick"], capture_output=True, text=True, timeout=900)
     print(proc.stdout[-4000:])
+    log_dir = os.environ.get("OPSFUSE_GPU_LOGS")
+    if log_dir and os.path.isdir(log_dir):
+        with open(os.path.join(log_dir, f"sanitizer_{tool}.log"), "w") as f:
+            f.write(" ".join(args + [driver, "--quick"]) + "\n" + proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert "ERROR SUMMARY: 0 errors" in proc.stdout or "RACECHECK SUMMARY: 0 hazards" in proc.stdout, proc.stdout[-3000:]
