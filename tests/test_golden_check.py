@@ -383,3 +383,42 @@ def test_bundled_tiny_bert_rewritten_passes_check(tmp_path, capsys):
                       tmp_path / "golden.json", "--inputs", tmp_path / "golden_inputs.json")
     assert rc == 0, out
     assert "rewrite: original" in out and "FAIL" not in out
+
+
+def test_golden_single_node_absent_mask_and_key_lengths():
+    # The graph output is the node's own output and every input a graph input: no ONNX Runtime
+    # stage runs at all, so bfloat16 works too.
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    for np_dtype, elem in ((np.float16, TensorProto.FLOAT16), (ml_dtypes.bfloat16, TensorProto.BFLOAT16)):
+        node = helper.make_node(contract.OP_NAME, ["Q", "K", "V", "", "lengths"], ["Y"],
+                                domain=contract.DOMAIN, name="only", is_causal=2, softcap=4.0)
+        graph = helper.make_graph([node], "one", [
+            helper.make_tensor_value_info("Q", elem, [2, 4, 5, 16]),
+            helper.make_tensor_value_info("K", elem, [2, 2, 9, 16]),
+            helper.make_tensor_value_info("V", elem, [2, 2, 9, 16]),
+            helper.make_tensor_value_info("lengths", TensorProto.INT64, [2]),
+        ], [helper.make_tensor_value_info("Y", elem, [2, 4, 5, 16])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid(contract.DOMAIN, 1)])
+        feeds = {"Q": rng.standard_normal((2, 4, 5, 16)).astype(np_dtype),
+                 "K": rng.standard_normal((2, 2, 9, 16)).astype(np_dtype),
+                 "V": rng.standard_normal((2, 2, 9, 16)).astype(np_dtype),
+                 "lengths": np.array([9, 4], np.int64)}
+        (out,) = golden.golden_outputs(model, [feeds])
+        assert out["Y"].dtype == np.dtype(np_dtype)
+        ref = attention_reference(*(feeds[n].astype(np.float64) for n in "QKV"), None, feeds["lengths"],
+                                  is_causal=2, softcap=4.0)
+        tol = 2e-3 if np_dtype == np.float16 else 2e-2
+        np.testing.assert_allclose(out["Y"].astype(np.float64), ref, atol=tol, rtol=tol)
+
+
+def test_check_several_input_sets(tmp_path, capsys):
+    _ort_library_or_skip()
+    model = build_model(True, mask="bool", is_causal=2)
+    path = save(model, tmp_path / "m.onnx")
+    golden.save_inputs([feeds_for(model, seed=1), feeds_for(model, seed=2)], tmp_path / "in.json")
+    rc, out = run_cli(capsys, "check", path, "--inputs", tmp_path / "in.json", "--per-node")
+    assert rc == 0, out
+    assert "2 input set(s)" in out and f"0/{2 * B * S * E}" in out
