@@ -254,8 +254,6 @@ def _parse_scores(value: ir.Value, depth: int, above: frozenset) -> _Scores:
             raise Reject(f"the scores are multiplied by a non-constant or non-scalar ({node.name or kind})")
         if c == 0 or not math.isfinite(c):
             raise Reject(f"scale constant {float_repr(c)} is not a finite non-zero number")
-        if "softcap" in above:
-            raise Reject("a scale is applied after the softcap; FusedAttention scales before it")
         inner = _parse_scores(src, depth + 1, above | {"scale"})
         factor = c if kind == "Mul" else 1.0 / c
         return dataclasses.replace(inner, scale=inner.scale * factor, internal=inner.internal + (src,))

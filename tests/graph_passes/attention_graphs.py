@@ -55,7 +55,7 @@ class G:
 def sdpa_model(*, B=2, H=4, Hkv=None, S=5, Sk=None, D=8, dtype=F32, opset=17, scale="scores_mul", scale_value=None,
                k_layout="bnhd", masks=(), nan_guard=False, dropout=False, softmax_f32=False, repeat_kv=False,
                softmax_axis=-1, prob_output=False, where_fill=-np.inf, scale_dtype=None, scale_chain=None,
-               mask_first=False) -> onnx.ModelProto:
+               mask_first=False, softcap=None, where_negated=False) -> onnx.ModelProto:
     """Q (B,H,S,D), K per `k_layout`, V (B,Hkv,Sk,D) -> y (B,H,S,D).
 
     scale: scores_mul | scores_div | q | k | split_sqrt | none | after_mask
@@ -122,6 +122,8 @@ def sdpa_model(*, B=2, H=4, Hkv=None, S=5, Sk=None, D=8, dtype=F32, opset=17, sc
         s = g.op("Mul", scale_const(sv), s)  # constant first: either operand order
     elif scale == "scores_div":
         s = g.op("Div", s, scale_const(1.0 / sv))
+    if softcap is not None:
+        s = g.op("Mul", g.op("Tanh", g.op("Div", s, g.const(softcap, np_t))), g.const(softcap, np_t))
     mask_inputs = {
         "bias": lambda: g.inp("bias", dtype, [1, H, S, Sk]),
         "pad": lambda: g.inp("pad", dtype, [B, 1, 1, Sk]),
@@ -129,7 +131,9 @@ def sdpa_model(*, B=2, H=4, Hkv=None, S=5, Sk=None, D=8, dtype=F32, opset=17, sc
     }
     for m in masks:
         x = mask_inputs[m]()
-        if m == "where":
+        if m == "where" and where_negated:  # masked_fill(~visible, fill): Where(not_visible, fill, s)
+            s = g.op("Where", g.op("Not", x), g.const(where_fill, np_t), s)
+        elif m == "where":
             s = g.op("Where", x, s, g.const(where_fill, np_t))
         else:
             s = g.op("Add", x, s) if mask_first else g.op("Add", s, x)

@@ -240,3 +240,26 @@ def test_dtype_mismatch_float32_mask_on_float16_model_is_left():
     out, report = fuse(g.model())
     assert report.fused == 0
     assert "FLOAT" in report.left[0].reason and "mask" in report.left[0].reason
+
+
+def test_where_with_fill_first_uses_the_negated_condition():
+    model = sdpa_model(masks=("where",), where_negated=True, nan_guard=True)
+    out, node, _ = _fused_one(model)
+    producer = {o: n for n in out.graph.node for o in n.output}[node.input[3]]
+    assert producer.op_type == "Not"
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+def test_softcap_before_the_mask():
+    model = sdpa_model(softcap=2.0, masks=("pad",))
+    out, node, _ = _fused_one(model)
+    assert attrs(node)["softcap"] == pytest.approx(2.0)
+    assert not [n for n in out.graph.node if n.op_type == "Tanh"]
+    assert_same_outputs(model, out, random_feeds(model))
+
+
+def test_scale_after_softcap_is_left():
+    model = sdpa_model(softcap=2.0, scale="after_mask")
+    out, report = fuse(model)
+    assert report.fused == 0
+    assert "after the softcap" in report.left[0].reason

@@ -1,0 +1,103 @@
+"""Count the attention layers each tool fuses on a folder of exported models (from
+``export_models.py``): opsfuse's rewrite, ONNX Runtime's transformers optimizer
+(``onnxruntime.transformers.optimizer.optimize_model``) and onnxscript's ORT fusions
+(``onnxscript.rewriter.ort_fusions.optimize_for_ort``).
+
+    python models/compare_peers.py /tmp/models > table.md
+
+A peer's count is the number of com.microsoft Attention / MultiHeadAttention /
+GroupQueryAttention nodes in its output; a peer that raises counts 0 (the error is noted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import export_models  # noqa: E402
+
+FUSED_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
+             "PackedMultiHeadAttention"}
+ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "llama": "gpt2", "llama_gqa": "gpt2",
+                  "qwen2_mqa": "gpt2", "wav2vec2": "bert", "whisper_encoder": "bert"}
+
+
+def _quiet():
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+    return stack
+
+
+def count_ms(nodes) -> int:
+    return sum(1 for n in nodes if n.domain == "com.microsoft" and n.op_type in FUSED_OPS)
+
+
+def opsfuse_count(path: Path) -> int:
+    from opsfuse.graph_passes import fuse_attention, model_io
+
+    _, report = fuse_attention(model_io.load(path))
+    return report.fused
+
+
+def ort_optimizer_count(path: Path, family: str) -> int | str:
+    import logging
+
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    try:
+        with _quiet():
+            opt = optimize_model(str(path), model_type=ORT_MODEL_TYPE[family], num_heads=0, hidden_size=0)
+    except Exception as exc:  # a peer's failure is a data point
+        return f"error: {type(exc).__name__}"
+    return count_ms(opt.model.graph.node)
+
+
+def onnxscript_count(path: Path) -> int | str:
+    import onnx_ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    try:
+        with _quiet():
+            model = ir.load(path)
+            model, _ = optimize_for_ort(model)
+    except Exception as exc:
+        return f"error: {type(exc).__name__}"
+    return count_ms(model.graph)
+
+
+def main(argv=None) -> int:
+    folder = Path((argv or sys.argv[1:])[0])
+    rows, totals = [], {"layers": 0, "opsfuse": 0, "ort": 0, "onnxscript": 0}
+    for path in sorted(folder.glob("*.onnx")):
+        family = path.stem.split("-")[0]
+        if family not in export_models.SPECS:
+            continue
+        layers = export_models.SPECS[family].attention_layers
+        ours = opsfuse_count(path)
+        ort_n = ort_optimizer_count(path, family)
+        osc = onnxscript_count(path)
+        rows.append((path.stem, layers, ours, ort_n, osc))
+        totals["layers"] += layers
+        totals["opsfuse"] += ours
+        totals["ort"] += ort_n if isinstance(ort_n, int) else 0
+        totals["onnxscript"] += osc if isinstance(osc, int) else 0
+        print(f"{path.stem}: {layers} {ours} {ort_n} {osc}", file=sys.stderr, flush=True)
+    print("| model variant | attention layers | opsfuse | ORT transformers optimizer | onnxscript ORT fusions |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in r) + " |")
+    print(f"| **total** | {totals['layers']} | {totals['opsfuse']} | {totals['ort']} | {totals['onnxscript']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
