@@ -32,6 +32,11 @@ Exactness decisions (each rejection below is a stated reason in the report):
   for every plausible score, i.e. |fill| >= 1e30 in float32 (``finfo(float32).min``). Smaller
   fills (-1e9, -10000, float16's -65504) are left alone with a reason: no single fused node can
   reproduce their fully masked rows.
+- Half precision (float16 / bfloat16 models): the op computes scores, mask addition and softmax
+  in float32 where the original rounds them to the half type; partially masked rows agree to the
+  type's rounding, but a row whose every key is masked by a *finite* additive value (e.g. float16's
+  -65504) is decided by that rounding in the original and can differ after fusion. Float32 models
+  with ``finfo(float32).min`` masks are exact, fully masked rows included.
 - A scale applied after an additive mask (``(s + m) * c``) would scale the mask: left alone.
 - Casts before the Softmax must be widening (or no-ops); casts after it may not pass through a
   type narrower than Q's; the additive mask must have Q's type.

@@ -160,6 +160,9 @@ def infer_shapes(model: ir.Model) -> ShapeMap:
     except ImportError:
         pass
     if inferred is None:
+        from .. import schema
+
+        schema.register()  # a model that already holds FusedAttention nodes
         try:
             inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
         except Exception as exc:
