@@ -71,8 +71,10 @@ std::string read_int(const PluginField& f, int64_t* out) {
 
 }  // namespace
 
-std::string parse_fields(const nvinfer1::PluginFieldCollection* fc, AttentionAttributes* attrs) {
+std::string parse_fields(const nvinfer1::PluginFieldCollection* fc, AttentionAttributes* attrs,
+                         int64_t* workspace_budget) {
   *attrs = AttentionAttributes();
+  *workspace_budget = -1;
   attrs->is_causal = contract::kDefaultIsCausal;
   attrs->softcap = contract::kDefaultSoftcap;
   if (fc == nullptr) return std::string();
@@ -88,6 +90,9 @@ std::string parse_fields(const nvinfer1::PluginFieldCollection* fc, AttentionAtt
       err = read_int(f, &attrs->is_causal);
     } else if (std::strcmp(f.name, contract::kAttrSoftcap) == 0) {
       err = read_float(f, &attrs->softcap);
+    } else if (std::strcmp(f.name, kFieldWorkspaceBytes) == 0) {
+      err = read_int(f, workspace_budget);
+      if (err.empty() && *workspace_budget < 0) err = "field 'workspace_bytes' must be >= 0";
     } else if (std::strcmp(f.name, "plugin_version") == 0 || std::strcmp(f.name, "plugin_namespace") == 0) {
       continue;  // lookup keys of the ONNX node, not attributes of the op
     } else {
@@ -112,12 +117,13 @@ nvinfer1::IPluginV3* FusedAttentionCreator::createPlugin(const char* name, const
   const std::string node = name ? name : "";
   try {
     AttentionAttributes attrs;
-    const std::string err = parse_fields(fc, &attrs);
+    int64_t workspace_budget = -1;
+    const std::string err = parse_fields(fc, &attrs, &workspace_budget);
     if (!err.empty()) {
       log_error(std::string(contract::kOpName) + " node '" + node + "': " + err);
       return nullptr;
     }
-    return new FusedAttentionPlugin(node, attrs);
+    return new FusedAttentionPlugin(node, attrs, workspace_budget);
   } catch (const std::exception& e) {
     log_error(std::string(contract::kOpName) + " node '" + node + "': createPlugin failed: " + e.what());
   } catch (...) {

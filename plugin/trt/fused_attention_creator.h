@@ -30,6 +30,9 @@ class FusedAttentionCreator final : public nvinfer1::IPluginCreatorV3One {
 // Reads the plugin fields into attributes and validates them (check_attributes). Returns "" or
 // one sentence naming the problem. Absent fields keep their defaults; an absent "scale" means
 // 1/sqrt(D). "plugin_version" / "plugin_namespace" (the ONNX node's lookup keys) are ignored.
-std::string parse_fields(const nvinfer1::PluginFieldCollection* fc, AttentionAttributes* attrs);
+// `workspace_budget` receives the internal "workspace_bytes" field a serialized plugin carries
+// (-1 when absent).
+std::string parse_fields(const nvinfer1::PluginFieldCollection* fc, AttentionAttributes* attrs,
+                         int64_t* workspace_budget);
 
 }  // namespace opsfuse::trt

@@ -61,8 +61,9 @@ std::string fmt_float(float v) {
 
 }  // namespace
 
-FusedAttentionPlugin::FusedAttentionPlugin(std::string node_name, const AttentionAttributes& attrs)
-    : node_name_(std::move(node_name)), attrs_(attrs) {}
+FusedAttentionPlugin::FusedAttentionPlugin(std::string node_name, const AttentionAttributes& attrs,
+                                           int64_t workspace_budget)
+    : node_name_(std::move(node_name)), attrs_(attrs), workspace_budget_(workspace_budget) {}
 
 FusedAttentionPlugin::FusedAttentionPlugin(const FusedAttentionPlugin& other)
     : nvinfer1::IPluginV3(other),
@@ -71,7 +72,8 @@ FusedAttentionPlugin::FusedAttentionPlugin(const FusedAttentionPlugin& other)
       nvinfer1::IPluginV3OneRuntime(other),
       node_name_(other.node_name_),
       attrs_(other.attrs_),
-      nb_inputs_(other.nb_inputs_) {}
+      nb_inputs_(other.nb_inputs_),
+      workspace_budget_(other.workspace_budget_) {}
 
 void FusedAttentionPlugin::report(const std::string& what) const noexcept {
   try {
@@ -266,26 +268,51 @@ size_t FusedAttentionPlugin::getWorkspaceSize(const DynamicPluginTensorDesc* inp
                                               const DynamicPluginTensorDesc*, int32_t nb_outputs) const noexcept {
   try {
     if (!check_io_count(nb_inputs, nb_outputs).empty()) return 0;
-    // The launcher's scratch space depends on shapes only. Take the largest over the profile's
-    // min / opt / max shapes (opsfuse::cuda::workspace_size grows with every dimension; the three
-    // points guard against a heuristic that does not).
+    // The launcher's scratch space (split-KV partial results) depends on shapes only, but not
+    // monotonically: its split heuristic fills the GPU, so a smaller problem may split more.
+    // TensorRT needs one size for every shape of the profile; take the largest over the opt
+    // shapes and over shapes between min and max (the same fraction of the range for every
+    // dynamic dimension keeps the inputs consistent).
+    static constexpr double kFractions[] = {0.0, 1.0 / 64, 1.0 / 16, 1.0 / 8, 1.0 / 4, 1.0 / 2, 1.0};
     size_t bytes = 0;
-    for (int which = 0; which < 3; ++which) {
+    bool any_valid = false;
+    std::string last_err;
+    for (int point = -1; point < static_cast<int>(sizeof(kFractions) / sizeof(kFractions[0])); ++point) {
+      std::vector<nvinfer1::Dims> dims(static_cast<size_t>(nb_inputs));
+      for (int32_t i = 0; i < nb_inputs; ++i) {
+        nvinfer1::Dims d = point < 0 ? inputs[i].opt : inputs[i].min;
+        if (point >= 0) {
+          for (int32_t a = 0; a < d.nbDims && a < nvinfer1::Dims::MAX_DIMS; ++a) {
+            const int64_t lo = inputs[i].min.d[a], hi = inputs[i].max.d[a];
+            d.d[a] = lo + static_cast<int64_t>(static_cast<double>(hi - lo) * kFractions[point]);
+          }
+        }
+        dims[static_cast<size_t>(i)] = d;
+      }
       TensorDesc descs[contract::kNumInputs];
       make_descs(
-          nb_inputs,
-          [&](int32_t i) -> const nvinfer1::Dims& {
-            return which == 0 ? inputs[i].min : (which == 1 ? inputs[i].opt : inputs[i].max);
-          },
+          nb_inputs, [&](int32_t i) -> const nvinfer1::Dims& { return dims[static_cast<size_t>(i)]; },
           [&](int32_t i) { return inputs[i].desc.type; }, descs);
       AttentionParams p;
       const std::string err = check_inputs_and_fill(descs, attrs_, &p);
       if (!err.empty()) {
-        if (which == 2) log_warning(std::string(contract::kOpName) + " node '" + node_name_ +
-                                    "': cannot size the workspace for the profile's largest shapes: " + err);
+        last_err = err;
         continue;
       }
+      any_valid = true;
+      // No data exists at build time; present inputs get a placeholder address so the launcher
+      // sees which optional inputs exist (it never dereferences them here).
+      static const char kPlaceholder[16] = {};
+      p.q = p.k = p.v = kPlaceholder;
+      p.y = const_cast<char*>(kPlaceholder);
+      if (nb_inputs > contract::kInputMask) p.mask = kPlaceholder;
+      if (nb_inputs > contract::kInputKeyLengths) p.key_lengths = kPlaceholder;
       bytes = std::max(bytes, opsfuse::cuda::workspace_size(p));
+    }
+    workspace_budget_ = std::max<int64_t>(workspace_budget_, static_cast<int64_t>(bytes));
+    if (!any_valid) {
+      log_warning(std::string(contract::kOpName) + " node '" + node_name_ +
+                  "': cannot size the workspace for the profile's shapes: " + last_err);
     }
     return bytes;
   } catch (...) {
@@ -373,13 +400,18 @@ int32_t FusedAttentionPlugin::enqueue(const PluginTensorDesc* input_desc, const 
     p.mask = nb_inputs_ > contract::kInputMask ? inputs[contract::kInputMask] : nullptr;
     p.key_lengths = nb_inputs_ > contract::kInputKeyLengths ? inputs[contract::kInputKeyLengths] : nullptr;
     p.y = outputs[contract::kOutputY];
-    // TensorRT allocated getWorkspaceSize() bytes for the profile, an upper bound of this need.
+    // TensorRT allocated getWorkspaceSize() bytes, sized over the profile's shapes; when the
+    // engine recorded that size, a launch needing more is refused rather than overrunning it.
     const size_t need = opsfuse::cuda::workspace_size(p);
-    if (need > 0 && workspace == nullptr) {
-      report("the launch needs " + std::to_string(need) + " bytes of workspace but TensorRT passed none");
+    if (need > 0 && (workspace == nullptr || (workspace_budget_ >= 0 && need > static_cast<size_t>(workspace_budget_)))) {
+      report("the launch needs " + std::to_string(need) + " bytes of workspace but TensorRT reserved " +
+             (workspace == nullptr ? std::string("none") : std::to_string(workspace_budget_)) +
+             " for this shape's optimization profile");
       return -1;
     }
-    const Status st = opsfuse::cuda::launch(p, workspace, need, static_cast<void*>(stream));
+    const size_t available = workspace_budget_ >= 0 ? static_cast<size_t>(workspace_budget_) : need;
+    const Status st = opsfuse::cuda::launch(p, workspace, workspace == nullptr ? 0 : available,
+                                            static_cast<void*>(stream));
     if (st != Status::kOk) {
       report(std::string("CUDA launch failed (") + status_name(st) + "): " + opsfuse::cuda::last_error_message());
       return -1;
@@ -410,6 +442,10 @@ const nvinfer1::PluginFieldCollection* FusedAttentionPlugin::getFieldsToSerializ
     }
     fields_.emplace_back(contract::kAttrIsCausal, &field_is_causal_, nvinfer1::PluginFieldType::kINT32, 1);
     fields_.emplace_back(contract::kAttrSoftcap, &field_softcap_, nvinfer1::PluginFieldType::kFLOAT32, 1);
+    if (workspace_budget_ >= 0) {
+      field_workspace_ = workspace_budget_;
+      fields_.emplace_back(kFieldWorkspaceBytes, &field_workspace_, nvinfer1::PluginFieldType::kINT64, 1);
+    }
     field_collection_.nbFields = static_cast<int32_t>(fields_.size());
     field_collection_.fields = fields_.data();
     return &field_collection_;

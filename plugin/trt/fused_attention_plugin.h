@@ -18,8 +18,9 @@ class FusedAttentionPlugin final : public nvinfer1::IPluginV3,
                                    public nvinfer1::IPluginV3OneBuild,
                                    public nvinfer1::IPluginV3OneRuntime {
  public:
-  // `node_name` names the layer (the ONNX node) in error messages.
-  FusedAttentionPlugin(std::string node_name, const AttentionAttributes& attrs);
+  // `node_name` names the layer (the ONNX node) in error messages. `workspace_budget`: the
+  // workspace bytes the engine reserved (serialized field "workspace_bytes"), -1 when unknown.
+  FusedAttentionPlugin(std::string node_name, const AttentionAttributes& attrs, int64_t workspace_budget = -1);
   FusedAttentionPlugin(const FusedAttentionPlugin& other);
   FusedAttentionPlugin& operator=(const FusedAttentionPlugin&) = delete;
   ~FusedAttentionPlugin() override = default;
@@ -72,15 +73,23 @@ class FusedAttentionPlugin final : public nvinfer1::IPluginV3,
   AttentionAttributes attrs_;
   // Number of inputs (3 to 5) seen by configurePlugin / onShapeChange; enqueue does not receive it.
   int32_t nb_inputs_ = 0;
+  // Largest getWorkspaceSize() answer (build phase), or the serialized one (runtime); -1 unknown.
+  // enqueue refuses a launch needing more than this instead of overrunning TensorRT's buffer.
+  mutable int64_t workspace_budget_ = -1;
 
   // Storage behind getFieldsToSerialize(); rebuilt on each call.
   float field_scale_ = 0.0f;
   int32_t field_is_causal_ = 0;
   float field_softcap_ = 0.0f;
+  int64_t field_workspace_ = 0;
   std::vector<nvinfer1::PluginField> fields_;
   nvinfer1::PluginFieldCollection field_collection_{};
   std::string metadata_;
 };
+
+// Name of the internal serialized field holding the engine's workspace reservation (not an
+// attribute: the creator does not advertise it).
+inline constexpr const char* kFieldWorkspaceBytes = "workspace_bytes";
 
 // DataType -> the element type of shape_check.h (kOther for anything the contract does not know).
 ElemType to_elem_type(nvinfer1::DataType t);

@@ -72,6 +72,7 @@ namespace {
 
 int g_failures = 0;
 int g_checks = 0;
+int g_workspace_refusals = 0;  // launches refused for want of workspace (step 10)
 
 bool check(bool ok, const std::string& what) {
   ++g_checks;
@@ -772,6 +773,14 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
   } else {
     check(false, "softcap serialized");
   }
+  if (const PluginField* f = ser.find("workspace_bytes")) {
+    int64_t v = -1;
+    std::memcpy(&v, f->data, 8);
+    check(f->type == PluginFieldType::kINT64 && v == static_cast<int64_t>(workspace_bytes),
+          "serialized workspace_bytes = getWorkspaceSize()");
+  } else {
+    check(false, "workspace_bytes serialized after getWorkspaceSize");
+  }
   cloned.reset();
   std::unique_ptr<IPluginV3> runtime_plugin(lib.creator->createPlugin(node.c_str(), &ser.fc, TensorRTPhase::kRUNTIME));
   if (!check(runtime_plugin != nullptr, "createPlugin(kRUNTIME) from the serialized fields")) return;
@@ -874,6 +883,29 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
               err, type_name(c.dtype), base_err, tol, nonfinite);
   check(nonfinite == 0, "no NaN / inf in the output");
   check(err <= tol, "error within 2x the precision baseline");
+
+  // 10. an engine that reserved less workspace than this launch needs: refused, never overrun
+  if (workspace_bytes > 0) {
+    SerializedFields small(&ser.fc);
+    for (size_t i = 0; i < small.list.size(); ++i) {
+      if (std::strcmp(small.list[i].name, "workspace_bytes") == 0) std::memset(small.data[i].data(), 0, 8);
+    }
+    std::unique_ptr<IPluginV3> starved(lib.creator->createPlugin(node.c_str(), &small.fc, TensorRTPhase::kRUNTIME));
+    cudaStream_t s2 = nullptr;
+    if (check(starved != nullptr, "createPlugin with workspace_bytes = 0") &&
+        cuda_ok(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), "cudaStreamCreate")) {
+      IPluginV3OneRuntime* rt = caps_of(starved.get()).runtime;
+      const size_t mark = lib.finder.logger.messages.size();
+      check(rt->onShapeChange(rin.data(), nb_in, rout.data(), 1) == 0, "onShapeChange (workspace_bytes = 0)");
+      const int32_t src = rt->enqueue(rin.data(), rout.data(), in_ptrs.data(), out_ptrs, ws.ptr, s2);
+      // This shape may need no workspace at all (the profile's other shapes did): then it runs.
+      const bool refused = src != 0 && lib.finder.logger.has_error(mark, {"FusedAttention", "workspace"});
+      check(src == 0 || refused, "a launch needing more workspace than the engine reserved is refused, never run");
+      if (refused) ++g_workspace_refusals;
+      cuda_ok(cudaStreamSynchronize(s2), "stream synchronize");
+      cudaStreamDestroy(s2);
+    }
+  }
   std::printf("  %s\n", static_cast<size_t>(g_failures) == failures_before ? "ok" : "FAILED");
 }
 
@@ -1046,6 +1078,9 @@ int main(int argc, char** argv) {
   uint64_t seed = 1234;
   for (const Case& c : cases) run_case(lib, c, gpu, seed++);
   run_negative(lib);
+  if (gpu) {
+    check(g_workspace_refusals > 0, "some case exercised the workspace refusal (a shape needing split-KV scratch)");
+  }
 
   std::printf("\n%d checks, %d failed. %s\n", g_checks, g_failures, g_failures == 0 ? "ALL PASSED" : "FAILURES");
   std::printf("NOTE: not a TensorRT engine run (see plugin/trt/README.md, Known issues).\n");
