@@ -51,6 +51,23 @@ def constant(new_nodes: list, value: float, dtype: ir.DataType, name: str) -> ir
     return node(new_nodes, "Constant", [], {"value": ir.tensor(arr, name=name)}, name)
 
 
+def _axes0(new_nodes: list, op_type: str, x: ir.Value, opset: int, name: str) -> ir.Value:
+    if opset >= 13:
+        axes = node(new_nodes, "Constant", [], {"value": ir.tensor(np.array([0], np.int64), name=f"{name}_axes")},
+                    f"{name}_axes")
+        return node(new_nodes, op_type, [x, axes], name=name)
+    return node(new_nodes, op_type, [x], {"axes": [0]}, name)
+
+
+def unsqueeze0(new_nodes: list, x: ir.Value, opset: int, name: str) -> ir.Value:
+    """(N, S, D) -> (1, N, S, D), with the Unsqueeze form of the model's opset."""
+    return _axes0(new_nodes, "Unsqueeze", x, opset, name)
+
+
+def squeeze0(new_nodes: list, x: ir.Value, opset: int, name: str) -> ir.Value:
+    return _axes0(new_nodes, "Squeeze", x, opset, name)
+
+
 def combine_masks(new_nodes: list, terms, dtype: ir.DataType, base: str) -> ir.Value | None:
     """One attn_mask input from the matched mask terms (see sdpa_subgraph.MaskTerm).
 

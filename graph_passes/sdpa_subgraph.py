@@ -127,6 +127,8 @@ class Plan:
     v: ir.Value
     n_rep: int  # 1 or the absorbed repeat-kv factor
     dtype: ir.DataType
+    rank3: bool = False  # bmm form (N, S, D): lifted to (1, N, S, D) around the fused node
+    opset: int = 17
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,13 +422,15 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
     m = match
     scores = m.qk.outputs[0]
     kt = m.qk.inputs[1]
+    r = rank(shapes, m.q)
     for name, value in (("Q", m.q), ("K^T", kt), ("V", m.v), ("scores", scores)):
-        r = rank(shapes, value)
-        if r is None:
+        rv = rank(shapes, value)
+        if rv is None:
             raise Reject(f"cannot prove the rank of {name} ({value.name}): its shape is unknown")
-        if r != 4:
-            raise Reject(f"{name} has rank {r}; FusedAttention needs rank-4 (B, H, S, D) tensors")
-    if not _softmax_axis_ok(m.softmax, 4, opset):
+        if rv not in (3, 4) or rv != r:
+            raise Reject(f"{name} has rank {rv}; FusedAttention needs rank-4 (B, H, S, D) tensors "
+                         "(or all rank 3, the batched-matmul form)")
+    if not _softmax_axis_ok(m.softmax, r, opset):
         raise Reject(f"Softmax axis {m.softmax.attributes.get_int('axis', -1 if opset >= 13 else 1)} is not the "
                      f"key axis (opset {opset})")
     # Internal values must feed only the chain.
@@ -452,13 +456,14 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         if not widening_or_same(t, dst):
             raise Reject(f"Cast {cast.name} after the Softmax rounds the probabilities to {dst}, narrower than {t}")
     # Batch and head dims: Q is not broadcast; K and V have Q's batch and Q's heads or 1.
-    sq, sk, sv, ss = (shapes[x.name] for x in (m.q, kt, m.v, scores))
+    # The batched-matmul form (N, S, D) is checked as (1, N, S, D), the layout it is run in.
+    sq, sk, sv, ss = ((1,) * (4 - r) + tuple(shapes[x.name]) for x in (m.q, kt, m.v, scores))
     if not (same_dim(ss[0], sq[0]) and same_dim(ss[1], sq[1]) and same_dim(ss[2], sq[2])):
         raise Reject(f"cannot prove Q {_shape_str(shapes, m.q)} is not broadcast by K^T {_shape_str(shapes, kt)}")
     for name, s in (("K", sk), ("V", sv)):
         if not same_dim(s[0], sq[0]):
             raise Reject(f"cannot prove {name} has Q's batch size: Q {_shape_str(shapes, m.q)}, {name} {s}")
-        if not (same_dim(s[1], sq[1]) or s[1] == 1):
+        if not (same_dim(s[1], sq[1]) or (s[1] == 1 and r == 4)):
             raise Reject(f"cannot prove {name} has Q's number of heads (or 1): Q {_shape_str(shapes, m.q)}, {name} {s}")
     if not (same_dim(sk[1], sv[1])):
         raise Reject(f"K and V have different head counts: K^T {sk}, V {sv}")
@@ -484,6 +489,9 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
             raise Reject(f"additive mask {term.value.name} is {mt} but Q is {t}: the fused op would add it in {t}")
         if term.kind == "bool" and mt != ir.DataType.BOOL:
             raise Reject(f"the Where condition {term.value.name} is {mt}, not bool")
+    if r == 3:
+        k = m.k_base if rank(shapes, m.k_base) == 3 and is_identity_perm(m.k_perm) else kt
+        return Plan(k=k, k_perm=SWAP_LAST, v=m.v, n_rep=1, dtype=t, rank3=True, opset=opset)
     # K layout and repeat-kv.
     k_perm = compose_perm(SWAP_LAST, m.k_perm)
     k, v, n_rep = m.k_base, m.v, 1
@@ -493,7 +501,7 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
             k, v, n_rep = k_un[0], v_un[0], k_un[1]
     if rank(shapes, m.k_base) != 4:
         k, k_perm = kt, SWAP_LAST  # K^T came through something else: transpose it back explicitly
-    return Plan(k=k, k_perm=None if is_identity_perm(k_perm) else k_perm, v=v, n_rep=n_rep, dtype=t)
+    return Plan(k=k, k_perm=None if is_identity_perm(k_perm) else k_perm, v=v, n_rep=n_rep, dtype=t, opset=opset)
 
 
 # --------------------------------------------------------------------------------------------
@@ -506,17 +514,22 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
     m = match
     base = emit.base_name(m.softmax, m.qk)
     new_nodes: list[ir.Node] = []
-    k = plan.k
+    q, k, v = m.q, plan.k, plan.v
+    if plan.rank3:
+        q, k, v = (emit.unsqueeze0(new_nodes, x, plan.opset, f"{base}/{n}_lift") for x, n in ((q, "Q"), (k, "K"), (v, "V")))
     if plan.k_perm is not None:
         k = emit.node(new_nodes, "Transpose", [k], {"perm": list(plan.k_perm)}, f"{base}/K_transpose")
     mask = emit.combine_masks(new_nodes, m.masks, plan.dtype, base)
     y_old = m.pv.outputs[0]
     fused = emit.fused_attention(
-        new_nodes, m.q, k, plan.v, mask, None, scale=m.scale, is_causal=0, softcap=m.softcap,
-        name=f"{base}/FusedAttention", like=y_old,
+        new_nodes, q, k, v, mask, None, scale=m.scale, is_causal=0, softcap=m.softcap,
+        name=f"{base}/FusedAttention", like=None if plan.rank3 else y_old,
     )
+    y = fused.outputs[0]
+    if plan.rank3:
+        y = emit.squeeze0(new_nodes, y, plan.opset, f"{base}/Y_unlift")
     graph.insert_before(m.pv, new_nodes)
-    emit.replace_output(graph, y_old, fused.outputs[0])
+    emit.replace_output(graph, y_old, y)
     emit.remove_dead(graph, [m.pv])
     return fused
 
@@ -531,4 +544,5 @@ def details(match: Match, plan: Plan) -> dict:
         "masks": kinds,
         "gqa_repeat_absorbed": plan.n_rep if plan.n_rep > 1 else 0,
         "nan_guard": match.nan_guard,
+        "batched_matmul_3d": plan.rank3,
     }

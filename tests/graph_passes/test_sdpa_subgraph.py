@@ -263,3 +263,24 @@ def test_scale_after_softcap_is_left():
     out, report = fuse(model)
     assert report.fused == 0
     assert "after the softcap" in report.left[0].reason
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_batched_matmul_three_d_form(opset):
+    """Older exporters run attention as bmm on (B*H, S, D): lifted to (1, B*H, S, D) exactly."""
+    from attention_graphs import G
+
+    g = G(opset)
+    q, k, v = (g.inp(n, F32, [6, 5, D]) for n in "qkv")
+    m = g.inp("m", F32, [6, 5, 5])
+    s = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 2, 1]), name="/attn/MatMul_qk")
+    s = g.op("Add", g.op("Mul", s, g.const(0.3)), m)
+    p = g.op("Softmax", s, axis=2 if opset < 13 else -1, name="/attn/Softmax")
+    g.op("MatMul", p, v, name="/attn/MatMul_pv")
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [6, 5, D])
+    model = g.model()
+    out, node, report = _fused_one(model)
+    assert report.candidates[0].details["batched_matmul_3d"] is True
+    assert attrs(node)["scale"] == pytest.approx(0.3)
+    assert_same_outputs(model, out, random_feeds(model))
