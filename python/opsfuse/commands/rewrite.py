@@ -75,8 +75,8 @@ def run(args) -> int:
         return _fail(f"the rewritten model is not valid, nothing written: {exc}", code=3)
     try:
         model_io.save(model, dst, external_data=external)
-    except OSError as exc:
-        return _fail(f"cannot write {dst}: {exc}")
+    except Exception as exc:  # disk full, permissions, a model over 2 GB with --external-data no
+        return _fail(f"cannot write {dst}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}")
 
     result = None
     if args.verify:
