@@ -4,10 +4,12 @@ An implementation of the op contract (``ARCHITECTURE.md``) written independently
 kernels, used to produce golden outputs that every backend is compared against. It favours
 accuracy over speed:
 
-* every product and sum is float32: Q, K and V tiles are upcast to float32 after loading and both
-  matrix products use ``tl.dot(..., input_precision="ieee")`` (no TF32), so a float32 model keeps
-  float32 accuracy and float16/bfloat16 inputs see exact products;
-* the softmax probabilities stay float32 for the ``P @ V`` product (no rounding to T);
+* every sum is float32 and no product is rounded below float32: float32 inputs use
+  ``tl.dot(..., input_precision="ieee")`` (no TF32), so a float32 model keeps float32 accuracy;
+  float16/bfloat16 ``Q @ K^T`` products are exact in the float32 accumulator;
+* the softmax probabilities are not rounded to T for ``P @ V``: float32 (CPU interpreter, float32
+  inputs) or, on a GPU with 16-bit inputs, split into two T parts (p = p_hi + p_lo) that feed two
+  tensor-core products, keeping 16 (bfloat16) to 22 (float16) bits of each probability;
 * on a GPU, ``exp`` and ``tanh`` come from libdevice (correctly rounded to a few ulp) rather
   than the approximate hardware instructions.
 
@@ -84,6 +86,7 @@ def _attention_kernel(
     IS_CAUSAL: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     LIBDEVICE: tl.constexpr,  # True on a GPU: accurate exp/tanh; the interpreter has no libdevice
+    TENSOR_CORES: tl.constexpr,  # float16/bfloat16 on a GPU: 16-bit dot operands (see above)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     # One program computes BLOCK_M query rows of one (batch, query head), streaming over the keys
@@ -105,7 +108,9 @@ def _attention_kernel(
     # q: (BLOCK_M, BLOCK_D), zero-padded past Sq and D so padding adds nothing to the dot.
     q_ptrs = (Q + off_b * stride_qb + off_h * stride_qh
               + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if not TENSOR_CORES:
+        q = q.to(tl.float32)
 
     k_base = K + off_b * stride_kb + off_hkv * stride_kh
     v_base = V + off_b * stride_vb + off_hkv * stride_vh
@@ -131,8 +136,12 @@ def _attention_kernel(
 
         # kt: (BLOCK_D, BLOCK_N), K transposed by addressing.
         kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
-        kt = tl.load(kt_ptrs, mask=d_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-        s = tl.dot(q, kt, input_precision="ieee") * scale  # (BLOCK_M, BLOCK_N)
+        kt = tl.load(kt_ptrs, mask=d_ok[:, None] & col_ok[None, :], other=0.0)
+        if TENSOR_CORES:
+            s = tl.dot(q, kt)  # products of 16-bit values are exact in the float32 accumulator
+        else:
+            s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")
+        s = s * scale  # (BLOCK_M, BLOCK_N)
 
         if HAS_SOFTCAP:
             x = s / softcap
@@ -177,8 +186,16 @@ def _attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
         v_ptrs = v_base + cols[:, None] * stride_vn + offs_dv[None, :] * stride_vd
-        v = tl.load(v_ptrs, mask=col_ok[:, None] & dv_ok[None, :], other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        v = tl.load(v_ptrs, mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
+        if TENSOR_CORES:
+            # p (float32) = p_hi + p_lo, both in T: two 16-bit products keep ~16 (bf16) to 22
+            # (fp16) bits of p instead of rounding the probabilities to T.
+            p_hi = p.to(v.dtype)
+            p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
+            pv = tl.dot(p_lo, v, acc=tl.dot(p_hi, v))
+        else:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     # Rows with no visible key (l = 0) yield zeros.
@@ -194,14 +211,15 @@ def _error(message: str) -> ValueError:
     return ValueError(f"{contract.OP_NAME}: {message}")
 
 
-def _block_sizes(device: torch.device, seq_q: int, seq_k: int, d: int,
-                 dv: int) -> tuple[int, int, int, int]:
+def _block_sizes(device: torch.device, seq_q: int, seq_k: int, d: int, dv: int,
+                 tensor_cores: bool) -> tuple[int, int, int, int]:
     block_d = max(16, triton.next_power_of_2(d))
     block_dv = max(16, triton.next_power_of_2(dv))
     if device.type == "cuda":
-        # float32 (FMA) dots hold both operands in registers: smaller tiles for wide heads.
+        # Wide heads: smaller tiles, so the q tile and the accumulator stay in registers (float32
+        # FMA dots hold both operands there too).
         wide = max(block_d, block_dv) > 128
-        block_m = 32 if wide else 64
+        block_m = 64 if tensor_cores or not wide else 32
         block_n = 32 if wide else 64
     else:
         # The interpreter pays per operation, not per element: large tiles, few iterations.
@@ -309,7 +327,8 @@ def attention(
             raise _error(f"key_lengths must have shape ({b},), got {tuple(key_lengths.shape)}")
         kl_arg = key_lengths.contiguous()
 
-    block_m_auto, block_n_auto, block_d, block_dv = _block_sizes(device, sq, sk, d, dv)
+    tensor_cores = not INTERPRET and q.dtype != torch.float32
+    block_m_auto, block_n_auto, block_d, block_dv = _block_sizes(device, sq, sk, d, dv, tensor_cores)
     block_m = block_m or block_m_auto
     block_n = block_n or block_n_auto
     for name, size in (("block_m", block_m), ("block_n", block_n)):
@@ -330,6 +349,7 @@ def attention(
             IS_CAUSAL=is_causal != contract.CAUSAL_NONE,
             HAS_SOFTCAP=softcap > 0,
             LIBDEVICE=not INTERPRET,
+            TENSOR_CORES=tensor_cores,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
             **launch_options,
         )
