@@ -3,7 +3,7 @@
 // in an anonymous namespace; the including file defines the one exported accessor.
 //
 // Layout: the kernel works on transposed tiles so that every vector lane is one query row.
-//   qT  (D,  LB) per lane block: scale * Q rows, packed once per work item
+//   qT  (D,  LB) per lane block: Q rows, packed once per work item
 //   sT  (BN, LB): scores of BN keys for LB queries, then probabilities
 //   oT  (Dv, LB) per lane block: the un-normalized output accumulator
 // S^T = K . Q^T broadcasts one K element and multiplies a vector of queries; O^T += V^T . P^T
@@ -11,6 +11,8 @@
 // (float32) or converted tile by tile (float16 / bfloat16), never transposed. The softmax
 // statistics (running max m, running sum l) are per lane, so the online-softmax update is plain
 // vertical vector arithmetic with no horizontal reductions.
+// Scores are kept in log2 units (scale * log2(e) * Q.K^T, masks times log2(e)) so that the
+// softmax needs 2^x, the cheapest exponential; softmax is invariant to that change of base.
 #pragma once
 
 #include <cstddef>
@@ -56,6 +58,8 @@ constexpr int rows_for() {
 }
 
 constexpr float kNegInf = -__builtin_inff();
+constexpr float kFloatMax = 3.40282347e38f;
+constexpr double kLog2e = 1.4426950408889634;
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -244,7 +248,17 @@ struct ItemCtx {
   int64_t klen;         // keys visible through key_lengths
   int64_t causal_off;   // row i sees keys j <= i + causal_off (when causal)
   int64_t t0;           // first key of the current tile
+  float qk_scale;       // multiplies Q.K^T: scale, times log2(e) unless softcap needs natural units
 };
+
+// An additive mask value in the log2 units the softmax works in. A finite value stays finite
+// (a row of float-min masks is the softmax of finite values, not a masked row).
+static inline float to_log2_units(float m) {
+  const float x = static_cast<float>(m * kLog2e);
+  if (x == kNegInf && m != kNegInf) return -kFloatMax;
+  if (x == -kNegInf && m != -kNegInf) return kFloatMax;
+  return x;
+}
 
 // One past the last key row i may attend.
 static inline int64_t row_end(const ItemCtx& c, int64_t i) {
@@ -266,18 +280,20 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
   // S^T = K Q^T
   {
     constexpr int R = rows_for<NV>();
-    const Vec scale = vset1(p.scale);
+    const Vec scale = vset1(c.qk_scale);
     int64_t j = 0;
     for (; j + R <= nk; j += R) qk_block<NV, R>(kp + j * kst, kst, q, d_len, scale, sT + j * kLB);
     if (j < nk) qk_tail<NV, R - 1>(static_cast<int>(nk - j), kp + j * kst, kst, q, d_len, scale, sT + j * kLB);
   }
 
   if (p.softcap > 0.0f) {
+    // s = scale * QK^T here; softcap * tanh(s / softcap), then into log2 units.
     const Vec cap = vset1(p.softcap);
+    const Vec cap_log2e = vset1(static_cast<float>(p.softcap * kLog2e));
     for (int64_t j = 0; j < nk; ++j)
       for (int cc = 0; cc < NV; ++cc) {
         float* x = sT + j * kLB + cc * kW;
-        vstore(x, vmul(cap, vtanh(vdiv(vload(x), cap))));
+        vstore(x, vmul(cap_log2e, vtanh(vdiv(vload(x), cap))));
       }
   }
 
@@ -293,9 +309,9 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
           if (m[j * ms[3]] == 0) col[j * kLB] = kNegInf;
       } else if (p.dtype == DType::kFloat32) {
         const float* m = static_cast<const float*>(p.mask) + row;
-        for (int64_t j = 0; j < nk; ++j) col[j * kLB] += m[j * ms[3]];
+        for (int64_t j = 0; j < nk; ++j) col[j * kLB] += to_log2_units(m[j * ms[3]]);
       } else {
-        for (int64_t j = 0; j < nk; ++j) col[j * kLB] += load_elem(p.mask, row + j * ms[3], p.dtype);
+        for (int64_t j = 0; j < nk; ++j) col[j * kLB] += to_log2_units(load_elem(p.mask, row + j * ms[3], p.dtype));
       }
     }
   }
@@ -317,14 +333,14 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
     for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(sT + j * kLB + cc * kW));
     // Rows with every key so far masked keep mx = -inf; subtracting 0 then gives p = 0.
     const Vec m_use = vneginf_to_zero(mx);
-    alpha[cc] = vexp_nonpos(vsub(m_old, m_use));
+    alpha[cc] = vexp2_nonpos(vsub(m_old, m_use));
     Vec sum0 = vzero(), sum1 = vzero();
     int64_t j = 0;
     for (; j + 2 <= nk; j += 2) {
       float* x0 = sT + j * kLB + cc * kW;
       float* x1 = x0 + kLB;
-      const Vec p0 = vexp_nonpos(vsub(vload(x0), m_use));
-      const Vec p1 = vexp_nonpos(vsub(vload(x1), m_use));
+      const Vec p0 = vexp2_nonpos(vsub(vload(x0), m_use));
+      const Vec p1 = vexp2_nonpos(vsub(vload(x1), m_use));
       vstore(x0, p0);
       vstore(x1, p1);
       sum0 = vadd(sum0, p0);
@@ -332,7 +348,7 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
     }
     if (j < nk) {
       float* x0 = sT + j * kLB + cc * kW;
-      const Vec p0 = vexp_nonpos(vsub(vload(x0), m_use));
+      const Vec p0 = vexp2_nonpos(vsub(vload(x0), m_use));
       vstore(x0, p0);
       sum0 = vadd(sum0, p0);
     }
@@ -382,6 +398,7 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
   }
   c.causal_off = p.is_causal == 2 ? p.seq_k - p.seq_q : 0;
   c.t0 = 0;
+  c.qk_scale = p.softcap > 0.0f ? p.scale : static_cast<float>(p.scale * kLog2e);
 
   const int64_t d_len = p.head_dim;
   const int64_t dv_len = p.head_dim_v;

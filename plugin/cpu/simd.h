@@ -168,6 +168,23 @@ static inline Vec vexp_nonpos(Vec x) {
   return vmul(p, vpow2i(n));
 }
 
+// 2^t for t <= 0 (t = -inf gives exactly 0): n = round(t), f = t - n in [-1/2, 1/2] (exact),
+// 2^f by a degree-6 polynomial (Chebyshev interpolation of 2^f on [-1/2, 1/2], monomial form;
+// max relative error 1.1e-7), times 2^n. Arguments below -127 flush to 0; NaN becomes 0.
+static inline Vec vexp2_nonpos(Vec t) {
+  t = vmax(t, vset1(-127.0f));
+  const Vec n = vround(t);
+  const Vec f = vsub(t, n);
+  Vec p = vset1(1.5461444854736328e-4f);
+  p = vfma(p, f, vset1(1.3400427997112274e-3f));
+  p = vfma(p, f, vset1(9.618056938052177e-3f));
+  p = vfma(p, f, vset1(5.550327152013779e-2f));
+  p = vfma(p, f, vset1(2.4022650718688965e-1f));
+  p = vfma(p, f, vset1(6.931471824645996e-1f));
+  p = vfma(p, f, vset1(1.0f));
+  return vmul(p, vpow2i(n));
+}
+
 // tanh(x), relative error ~2e-7 everywhere. |x| < 0.625: x * Q(x^2), Q a degree-5 polynomial
 // (Chebyshev interpolation of tanh(x)/x in x^2 on [0, 0.625^2], monomial form). Elsewhere
 // (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.29, so no cancellation and no overflow; the sign of
