@@ -140,6 +140,8 @@ class _StagedOrtRunner:
         self.attention = fused_attention_nodes(model)
         self.initializers = {init.name: init for init in self.graph.initializer}
         self.output_types = {vi.name: vi for vi in list(self.graph.value_info) + list(self.graph.output)}
+        self.producer = {o: node for node in self.graph.node for o in node.output if o}
+        self.graph_inputs = {vi.name for vi in self.graph.input}
 
     def run(self, feeds: Feeds, compute_node: Callable[[onnx.NodeProto, list], np.ndarray]) -> "OrderedDict[str, np.ndarray]":
         known: dict[str, np.ndarray] = dict(feeds)
@@ -165,6 +167,8 @@ class _StagedOrtRunner:
                                            and node.output[0] in blocked):
                         frontier.update(d for d in _node_deps(node) if d not in blocked)
                 frontier.update(o.name for o in self.graph.output if o.name not in blocked)
+                # (Names local to a subgraph, in _node_deps, are no values of the main graph.)
+                frontier = {f for f in frontier if f in self.producer}
                 targets += sorted(frontier - set(self.initializers) - set(known))
             else:
                 targets = [o.name for o in self.graph.output]
@@ -190,11 +194,6 @@ class _StagedOrtRunner:
         if not to_compute:
             return out
 
-        producer = {}
-        for node in self.graph.node:
-            for o in node.output:
-                if o:
-                    producer[o] = node
         needed_nodes: list[onnx.NodeProto] = []
         seen_nodes: set[int] = set()
         used_inputs: set[str] = set()
@@ -212,9 +211,9 @@ class _StagedOrtRunner:
             if name in self.initializers:
                 used_inits.add(name)
                 continue
-            node = producer.get(name)
+            node = self.producer.get(name)
             if node is None:
-                if name in {vi.name for vi in self.graph.input}:
+                if name in self.graph_inputs:
                     raise ValueError(f"no value given for graph input {name!r}")
                 continue  # an outer-scope name local to a subgraph
             if is_fused_attention(node):
