@@ -62,7 +62,7 @@ def _load_golden(path: str, n_iterations: int):
 def run(args) -> int:
     import onnx
 
-    from opsfuse import accuracy, contract, golden, triton_attention
+    from opsfuse import LibraryNotBuiltError, accuracy, contract, get_library_path, golden, triton_attention
 
     src = Path(args.model)
     for path in [src] + ([Path(args.original)] if args.original else []):
@@ -81,6 +81,10 @@ def run(args) -> int:
         return _fail(f"--providers: {', '.join(missing)} not available in this onnxruntime "
                      f"(available: {', '.join(available)})")
     accuracy.quiet_polygraphy(args.verbose)
+    try:
+        get_library_path()
+    except LibraryNotBuiltError as e:
+        return _fail(str(e))
 
     try:
         model = onnx.load(str(src))
@@ -98,7 +102,14 @@ def run(args) -> int:
     if args.trt:
         reason = accuracy.tensorrt_available()
         if reason is None:
-            runners.append(accuracy.trt_runner(str(src), feeds_list[0]))
+            if len(feeds_list) > 1 and any(
+                    {n: v.shape for n, v in f.items()} != {n: v.shape for n, v in feeds_list[0].items()}
+                    for f in feeds_list):
+                return _fail("--trt: every input set must have the same shapes (one engine profile)")
+            try:
+                runners.append(accuracy.trt_runner(str(src), feeds_list[0]))
+            except LibraryNotBuiltError as e:
+                return _fail(f"--trt: {e}")
         else:
             print(f"--trt: {reason}; the TensorRT comparison is skipped")
             notes.append("TensorRT skipped: not installed")
