@@ -60,7 +60,7 @@ import triton  # noqa: E402  (after the interpreter choice)
 import triton.language as tl  # noqa: E402
 from triton.language.extra import libdevice  # noqa: E402
 
-from . import contract
+from . import contract  # noqa: E402
 
 # Mask kinds, a compile-time argument of the kernel.
 _MASK_NONE = 0
