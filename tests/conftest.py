@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 import pytest
 
@@ -24,6 +25,13 @@ def tensorrt_available() -> bool:
     except Exception:  # noqa: BLE001 - any import failure means "not usable here"
         return False
     return True
+
+
+def pytest_configure(config):
+    # Without a GPU, Triton (imported by the Triton reference and by torch._dynamo) runs in its
+    # interpreter; set this before anything imports triton, whatever the test order.
+    if not cuda_gpu_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
