@@ -18,13 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"opsfuse.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"opsfuse.commands.{name}":
-                continue  # a command not present in this checkout
-            raise
-        module.register(subparsers)
+        importlib.import_module(f"opsfuse.commands.{name}").register(subparsers)
     return parser
 
 
