@@ -135,9 +135,9 @@ if want test; then
 fi
 if want bench; then
   if [ -n "${BENCH_GRIDS:-}" ]; then  # a subset of the grids: through the module's own entry point
-    stage bench $PY -m opsfuse.bench.cuda --out "$OUTDIR/bench" --grids "$BENCH_GRIDS" $QUICK
+    stage bench $PY -m opsfuse.bench.cuda --out "$OUTDIR/bench" --grids "$BENCH_GRIDS" $QUICK ${BENCH_REPEAT:+--repeat $BENCH_REPEAT}
   else
-    stage bench $PY -m opsfuse bench --device cuda --out "$OUTDIR/bench" $QUICK
+    stage bench $PY -m opsfuse bench --device cuda --out "$OUTDIR/bench" $QUICK ${BENCH_REPEAT:+--repeat $BENCH_REPEAT}
   fi
   for f in cuda_bench.json cuda_bench.md cuda_bench.png; do
     [ -f "$OUTDIR/bench/$f" ] && cp "$OUTDIR/bench/$f" "$OUTDIR/$f"

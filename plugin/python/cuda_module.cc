@@ -117,6 +117,10 @@ void read_view(const py::handle& obj, const char* name, int64_t stream, View& v)
     } catch (py::error_already_set&) {
       ok = false;  // e.g. torch bfloat16: use DLPack below
     }
+    if (ok && from_typestr(cai.cast<py::dict>()["typestr"].cast<std::string>()) == opsfuse::ElemType::kOther &&
+        py::hasattr(obj, "__dlpack__")) {
+      ok = false;  // a type the interface cannot name (torch's bfloat16): DLPack says it exactly
+    }
     if (ok) {
       py::dict d = cai.cast<py::dict>();
       v.type = from_typestr(d["typestr"].cast<std::string>());
@@ -215,8 +219,8 @@ int64_t py_workspace_size(py::handle q, py::handle k, py::handle v, py::handle m
 }
 
 void py_fused_attention(py::handle q, py::handle k, py::handle v, py::handle y, py::handle mask, py::handle kl,
-                        std::optional<float> scale, int64_t is_causal, float softcap, py::handle workspace,
-                        int64_t stream) {
+                        std::optional<float> scale, int64_t is_causal, float softcap, uintptr_t workspace,
+                        int64_t workspace_bytes, int64_t stream, int device) {
   Prepared pr;
   prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, stream);
   View out;
@@ -230,29 +234,19 @@ void py_fused_attention(py::handle q, py::handle k, py::handle v, py::handle y, 
   }
   strides3(out, "Y", pr.p.y_stride);
   pr.p.y = out.data;
-  View ws;
-  read_view(workspace, "workspace", stream, ws);
-  size_t ws_bytes = 0;
-  if (ws.present) {
-    ws_bytes = elem_bytes(ws.type);
-    for (int64_t d : ws.shape) ws_bytes *= static_cast<size_t>(d);
-    if (ws.type == opsfuse::ElemType::kOther) ws_bytes = 0;
-  }
-  // Make this module's CUDA runtime current on the tensors' device (the launcher also follows
-  // the stream's device; this covers the default stream).
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, pr.p.q) == cudaSuccess && attr.type != cudaMemoryTypeUnregistered &&
-      attr.type != cudaMemoryTypeHost) {
+  // This module links its own CUDA runtime: make the tensors' device current in it (no stream
+  // operation, so this is safe during CUDA graph capture).
+  if (device >= 0) {
     int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != attr.device) cudaSetDevice(attr.device);
-  } else {
-    cudaGetLastError();
-    invalid("Q is not device memory");
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != device && cudaSetDevice(device) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error("FusedAttention: could not select CUDA device " + std::to_string(device));
+    }
   }
   opsfuse::Status st;
   {
     py::gil_scoped_release release;
-    st = opsfuse::cuda::launch(pr.p, ws.present ? ws.data : nullptr, ws_bytes,
+    st = opsfuse::cuda::launch(pr.p, reinterpret_cast<void*>(workspace), static_cast<size_t>(workspace_bytes),
                                reinterpret_cast<void*>(static_cast<uintptr_t>(stream)));
   }
   if (st == opsfuse::Status::kOk) return;
@@ -272,8 +266,9 @@ PYBIND11_MODULE(_cuda, m) {
         "Bytes of device workspace fused_attention needs for these inputs (0: none).");
   m.def("fused_attention", &py_fused_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("y"),
         py::arg("attn_mask") = py::none(), py::arg("key_lengths") = py::none(), py::arg("scale") = py::none(),
-        py::arg("is_causal") = 0, py::arg("softcap") = 0.0f, py::arg("workspace") = py::none(),
-        py::arg("stream") = 0,
-        "Enqueues FusedAttention on `stream` (a cudaStream_t as int), writing into the preallocated y.");
+        py::arg("is_causal") = 0, py::arg("softcap") = 0.0f, py::arg("workspace") = 0,
+        py::arg("workspace_bytes") = 0, py::arg("stream") = 0, py::arg("device") = -1,
+        "Enqueues FusedAttention on `stream` (a cudaStream_t as int) of CUDA device `device`, writing into the "
+        "preallocated y; `workspace` is a device pointer (int) to workspace_bytes bytes.");
   m.attr("OP_NAME") = opsfuse::contract::kOpName;
 }

@@ -98,22 +98,20 @@ def fused_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_ca
     scale = None if scale is None else float(scale)
     ws_bytes = m.workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal), float(softcap))
     workspace = None
+    ws_ptr = 0
     if ws_bytes > 0:
         if fw == "torch":
             import torch
 
             workspace = _empty(fw, q, (ws_bytes,), torch.uint8)
+            ws_ptr = workspace.data_ptr()
         else:
             import cupy
 
             workspace = _empty(fw, q, (ws_bytes,), cupy.uint8)
-    if fw == "torch":
-        import torch
-
-        with torch.cuda.device(q.device):
-            m.fused_attention(q, k, v, out, attn_mask, key_lengths, scale, int(is_causal), float(softcap),
-                              workspace, int(stream))
-    else:
-        m.fused_attention(q, k, v, out, attn_mask, key_lengths, scale, int(is_causal), float(softcap), workspace,
-                          int(stream))
+            ws_ptr = workspace.data.ptr
+    device = q.device.index if fw == "torch" else q.device.id
+    device = -1 if device is None else int(device)
+    m.fused_attention(q, k, v, out, attn_mask, key_lengths, scale, int(is_causal), float(softcap), ws_ptr,
+                      int(ws_bytes), int(stream), device)
     return out

@@ -33,6 +33,7 @@ def ort():
 def cuda_session(ort, model, cuda_graph=False):
     import opsfuse
 
+    model.ir_version = min(model.ir_version, 10)  # onnx 1.23 writes IR 14; onnxruntime 1.31 reads <= 13
     so = ort.SessionOptions()
     so.register_custom_ops_library(opsfuse.get_library_path())
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # FusedAttention must run on CUDA
