@@ -42,8 +42,9 @@ def unrepeat_kv(value: ir.Value, shapes: dict) -> tuple[ir.Value, int] | None:
         return None
     if rep.op_type == "Tile":
         reps = const_array(rep.inputs[1]) if len(rep.inputs) > 1 else None
-        if reps is None or [int(r) for r in reps.reshape(-1)][:2] + [int(r) for r in reps.reshape(-1)][3:] != [1, 1, 1, 1]:
-            return None
+        reps = None if reps is None else [int(r) for r in reps.reshape(-1)]
+        if reps is None or len(reps) != 5 or reps[:2] + reps[3:] != [1, 1, 1, 1]:
+            return None  # Tile must repeat only the new axis 2
     # The repeat only fills the new axis 2; every other axis keeps the base's size.
     if not (same_dim(se[0], sb[0]) and same_dim(se[1], sb[1]) and same_dim(se[3], sb[2]) and same_dim(se[4], sb[3])):
         return None

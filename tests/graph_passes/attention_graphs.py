@@ -55,7 +55,7 @@ class G:
 def sdpa_model(*, B=2, H=4, Hkv=None, S=5, Sk=None, D=8, dtype=F32, opset=17, scale="scores_mul", scale_value=None,
                k_layout="bnhd", masks=(), nan_guard=False, dropout=False, softmax_f32=False, repeat_kv=False,
                softmax_axis=-1, prob_output=False, where_fill=-np.inf, scale_dtype=None, scale_chain=None,
-               mask_first=False, softcap=None, where_negated=False) -> onnx.ModelProto:
+               mask_first=False, softcap=None, where_negated=False, repeat_op="Expand") -> onnx.ModelProto:
     """Q (B,H,S,D), K per `k_layout`, V (B,Hkv,Sk,D) -> y (B,H,S,D).
 
     scale: scores_mul | scores_div | q | k | split_sqrt | none | after_mask
@@ -83,7 +83,10 @@ def sdpa_model(*, B=2, H=4, Hkv=None, S=5, Sk=None, D=8, dtype=F32, opset=17, sc
         rep = H // Hkv
         for name in ("k", "v"):
             x = g.op("Unsqueeze", k if name == "k" else v, g.const([2], np.int64))
-            x = g.op("Expand", x, g.const([B, Hkv, rep, Sk, D], np.int64))
+            if repeat_op == "Tile":
+                x = g.op("Tile", x, g.const([1, 1, rep, 1, 1], np.int64))
+            else:
+                x = g.op("Expand", x, g.const([B, Hkv, rep, Sk, D], np.int64))
             x = g.op("Reshape", x, g.const([B, H, Sk, D], np.int64))
             if name == "k":
                 k = x

@@ -117,12 +117,13 @@ def test_half_precision_model_with_float32_softmax():
     assert_same_outputs(model, out, random_feeds(model), rtol=1e-2, atol=1e-2)
 
 
-def test_gqa_repeat_kv_is_absorbed():
-    model = sdpa_model(H=4, Hkv=2, repeat_kv=True, masks=("pad",))
+@pytest.mark.parametrize("repeat_op", ["Expand", "Tile"])
+def test_gqa_repeat_kv_is_absorbed(repeat_op):
+    model = sdpa_model(H=4, Hkv=2, repeat_kv=True, masks=("pad",), repeat_op=repeat_op)
     out, node, report = _fused_one(model)
     assert node.input[1] == "k" and node.input[2] == "v", "FusedAttention must read the un-repeated K and V"
     assert report.candidates[0].details["gqa_repeat_absorbed"] == 2
-    assert not [n for n in out.graph.node if n.op_type == "Expand"]
+    assert not [n for n in out.graph.node if n.op_type in ("Expand", "Tile")]
     assert_same_outputs(model, out, random_feeds(model))
 
 
