@@ -192,4 +192,5 @@ def details(match: Match, plan: Plan) -> dict:
         "masks": [plan.mask_kind] if plan.mask_kind else [],
         "key_lengths": plan.key_lengths is not None,
         "three_d": plan.three_d,
+        "mask_padded": plan.pad_mask,
     }

@@ -341,6 +341,8 @@ def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool]:
         if node.op_type == "Cast":
             casts.append(node)
         elif node.op_type == "Dropout":
+            if node.attributes.get_int("is_test", 1) == 0:  # opset <= 6: is_test=0 is training mode
+                raise Reject("Dropout after the Softmax runs in training mode (is_test=0)")
             training = node.inputs[2] if len(node.inputs) > 2 else None
             if training is not None:
                 t = const_array(training)
