@@ -23,6 +23,10 @@ import export_models  # noqa: E402
 
 FUSED_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
              "PackedMultiHeadAttention"}
+# (num_heads, hidden_size) of each family's config in export_models.py: ORT's optimizer needs them
+# (its auto-detection with 0 / 0 finds nothing on these exports).
+HEADS_HIDDEN = {"bert": (4, 32), "gpt2": (4, 32), "llama": (4, 32), "llama_gqa": (4, 32), "qwen2_mqa": (4, 64),
+                "vit": (4, 32), "t5": (4, 32), "wav2vec2": (4, 32), "whisper_encoder": (4, 32)}
 ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "llama": "gpt2", "llama_gqa": "gpt2",
                   "qwen2_mqa": "gpt2", "wav2vec2": "bert", "whisper_encoder": "bert"}
 
@@ -55,7 +59,8 @@ def ort_optimizer_count(path: Path, family: str) -> int | str:
     logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
     try:
         with _quiet():
-            opt = optimize_model(str(path), model_type=ORT_MODEL_TYPE[family], num_heads=0, hidden_size=0)
+            heads, hidden = HEADS_HIDDEN[family]
+            opt = optimize_model(str(path), model_type=ORT_MODEL_TYPE[family], num_heads=heads, hidden_size=hidden)
     except Exception as exc:  # a peer's failure is a data point
         return f"error: {type(exc).__name__}"
     return count_ms(opt.model.graph.node)
