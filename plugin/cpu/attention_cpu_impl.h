@@ -77,6 +77,19 @@ static inline size_t align16(size_t n) { return (n + 15) & ~static_cast<size_t>(
 constexpr int64_t kDChunk = 16;
 
 template <int NV, int R>
+static inline void qk_step(const float* k, int64_t kst, const float* q, int64_t d, Vec (&acc)[R][NV]) {
+  Vec qv[NV];
+#pragma GCC unroll 4
+  for (int c = 0; c < NV; ++c) qv[c] = vload(q + d * kLB + c * kW);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const Vec kb = vset1(k[r * kst + d]);
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) acc[r][c] = vfma(kb, qv[c], acc[r][c]);
+  }
+}
+
+template <int NV, int R>
 static inline void qk_block(const float* k, int64_t kst, const float* q, int64_t d_len, Vec scale, float* out) {
   for (int64_t d0 = 0; d0 < d_len; d0 += kDChunk) {
     const int64_t d1 = imin(d0 + kDChunk, d_len);
@@ -85,16 +98,12 @@ static inline void qk_block(const float* k, int64_t kst, const float* q, int64_t
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
       for (int c = 0; c < NV; ++c) acc[r][c] = vzero();
-    for (int64_t d = d0; d < d1; ++d) {
-      Vec qv[NV];
-#pragma GCC unroll 4
-      for (int c = 0; c < NV; ++c) qv[c] = vload(q + d * kLB + c * kW);
+    if (d1 - d0 == kDChunk) {
+      // Full chunk: a fixed trip count, unrolled, so no loop-exit branch to mispredict.
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const Vec kb = vset1(k[r * kst + d]);
-#pragma GCC unroll 4
-        for (int c = 0; c < NV; ++c) acc[r][c] = vfma(kb, qv[c], acc[r][c]);
-      }
+      for (int64_t d = d0; d < d0 + kDChunk; ++d) qk_step<NV, R>(k, kst, q, d, acc);
+    } else {
+      for (int64_t d = d0; d < d1; ++d) qk_step<NV, R>(k, kst, q, d, acc);
     }
     const bool last = d1 == d_len;
 #pragma GCC unroll 16
@@ -120,6 +129,7 @@ static inline void pv_block(const float* v, int64_t vst, const float* p, int64_t
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) acc[r][c] = vzero();
+#pragma GCC unroll 4
   for (int64_t j = 0; j < nk; ++j) {
     Vec pv[NV];
 #pragma GCC unroll 4
@@ -323,38 +333,67 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
     }
   }
 
-  // Online softmax, one lane per query row.
+  // Online softmax, one lane per query row. Two independent max / sum chains per vector keep
+  // the loops bound by throughput rather than by the latency of one long chain.
   float* mrow = s.m + lb * kLB;
   float* lrow = s.l + lb * kLB;
-  Vec alpha[NV];
-  for (int cc = 0; cc < NV; ++cc) {
-    const Vec m_old = vload(mrow + cc * kW);
-    Vec mx = m_old;
-    for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(sT + j * kLB + cc * kW));
-    // Rows with every key so far masked keep mx = -inf; subtracting 0 then gives p = 0.
-    const Vec m_use = vneginf_to_zero(mx);
-    alpha[cc] = vexp2_nonpos(vsub(m_old, m_use));
-    Vec sum0 = vzero(), sum1 = vzero();
+  Vec alpha[NV], m_use[NV], mx0[NV], mx1[NV];
+#pragma GCC unroll 4
+  for (int cc = 0; cc < NV; ++cc) mx0[cc] = mx1[cc] = vload(mrow + cc * kW);
+  {
     int64_t j = 0;
     for (; j + 2 <= nk; j += 2) {
-      float* x0 = sT + j * kLB + cc * kW;
-      float* x1 = x0 + kLB;
-      const Vec p0 = vexp2_nonpos(vsub(vload(x0), m_use));
-      const Vec p1 = vexp2_nonpos(vsub(vload(x1), m_use));
-      vstore(x0, p0);
-      vstore(x1, p1);
-      sum0 = vadd(sum0, p0);
-      sum1 = vadd(sum1, p1);
+#pragma GCC unroll 4
+      for (int cc = 0; cc < NV; ++cc) {
+        mx0[cc] = vmax(mx0[cc], vload(sT + j * kLB + cc * kW));
+        mx1[cc] = vmax(mx1[cc], vload(sT + (j + 1) * kLB + cc * kW));
+      }
     }
     if (j < nk) {
-      float* x0 = sT + j * kLB + cc * kW;
-      const Vec p0 = vexp2_nonpos(vsub(vload(x0), m_use));
-      vstore(x0, p0);
-      sum0 = vadd(sum0, p0);
+#pragma GCC unroll 4
+      for (int cc = 0; cc < NV; ++cc) mx0[cc] = vmax(mx0[cc], vload(sT + j * kLB + cc * kW));
     }
-    vstore(lrow + cc * kW, vfma(vload(lrow + cc * kW), alpha[cc], vadd(sum0, sum1)));
+  }
+#pragma GCC unroll 4
+  for (int cc = 0; cc < NV; ++cc) {
+    const Vec m_old = vload(mrow + cc * kW);
+    const Vec mx = vmax(mx0[cc], mx1[cc]);
+    // Rows with every key so far masked keep mx = -inf; subtracting 0 then gives p = 0.
+    m_use[cc] = vneginf_to_zero(mx);
+    alpha[cc] = vexp2_nonpos(vsub(m_old, m_use[cc]));
     vstore(mrow + cc * kW, mx);
   }
+  Vec sum0[NV], sum1[NV];
+#pragma GCC unroll 4
+  for (int cc = 0; cc < NV; ++cc) sum0[cc] = sum1[cc] = vzero();
+  {
+    int64_t j = 0;
+    for (; j + 2 <= nk; j += 2) {
+#pragma GCC unroll 4
+      for (int cc = 0; cc < NV; ++cc) {
+        float* x0 = sT + j * kLB + cc * kW;
+        float* x1 = x0 + kLB;
+        const Vec p0 = vexp2_nonpos(vsub(vload(x0), m_use[cc]));
+        const Vec p1 = vexp2_nonpos(vsub(vload(x1), m_use[cc]));
+        vstore(x0, p0);
+        vstore(x1, p1);
+        sum0[cc] = vadd(sum0[cc], p0);
+        sum1[cc] = vadd(sum1[cc], p1);
+      }
+    }
+    if (j < nk) {
+#pragma GCC unroll 4
+      for (int cc = 0; cc < NV; ++cc) {
+        float* x0 = sT + j * kLB + cc * kW;
+        const Vec p0 = vexp2_nonpos(vsub(vload(x0), m_use[cc]));
+        vstore(x0, p0);
+        sum0[cc] = vadd(sum0[cc], p0);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int cc = 0; cc < NV; ++cc)
+    vstore(lrow + cc * kW, vfma(vload(lrow + cc * kW), alpha[cc], vadd(sum0[cc], sum1[cc])));
 
   // O^T = O^T * alpha + V^T P^T
   {
