@@ -285,3 +285,36 @@ def test_batched_matmul_three_d_form(opset):
     assert report.candidates[0].details["batched_matmul_3d"] is True
     assert attrs(node)["scale"] == pytest.approx(0.3)
     assert_same_outputs(model, out, random_feeds(model))
+
+
+def _custom_graph(kind):
+    from attention_graphs import G
+
+    g = G(17)
+    q, k, v = (g.inp(n, F32, [1, 2, 3, 4]) for n in "qkv")
+    if kind == "unknown_rank":  # Q from an op no shape inference knows
+        g.nodes.append(__import__("onnx").helper.make_node("Mystery", [q], ["q2"], domain="x.custom", name="/m"))
+        q = "q2"
+    s = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), name="/attn/MatMul_qk")
+    if kind == "scores_used":
+        g.out(s, F32, [1, 2, 3, 3])
+    p = g.op("Softmax", s, axis=-1, name="/attn/Softmax")
+    if kind == "dropout_training":
+        p = g.op("Dropout", p, g.const(0.1), g.const(True, np.bool_))
+    g.op("MatMul", p, v, name="/attn/MatMul_pv")
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [1, 2, 3, 4])
+    extra = [__import__("onnx").helper.make_opsetid("x.custom", 1)] if kind == "unknown_rank" else []
+    return g.model(extra)
+
+
+@pytest.mark.parametrize("kind,reason", [
+    ("unknown_rank", "cannot prove the rank of Q"),
+    ("scores_used", "graph output"),
+    ("dropout_training", "training mode"),
+])
+def test_unprovable_candidates_are_left_with_reason(kind, reason):
+    out, report = fuse(_custom_graph(kind))
+    assert report.found == 1 and report.fused == 0, report.format()
+    assert reason in report.left[0].reason
+    assert not fused_nodes(out)
