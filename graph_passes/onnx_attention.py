@@ -26,7 +26,7 @@ import onnx_ir as ir
 
 from .. import contract
 from . import emit
-from .ir_utils import VALUE_DTYPES, dtype_of
+from .ir_utils import VALUE_DTYPES, dtype_of, widening_or_same
 from .sdpa_subgraph import Reject
 from .shape_info import rank, same_dim
 
@@ -97,6 +97,9 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         raise Reject(f"Q has element type {t}; FusedAttention supports float32, float16 and bfloat16")
     if dtype_of(k, shapes) != t or dtype_of(v, shapes) != t:
         raise Reject(f"Q, K and V differ in element type ({t}, {dtype_of(k, shapes)}, {dtype_of(v, shapes)})")
+    precision = n.attributes.get_int("softmax_precision", 0)
+    if precision and not widening_or_same(t, ir.DataType(precision)):
+        raise Reject(f"Attention computes its softmax in {ir.DataType(precision)}, narrower than {t}")
     r = rank(shapes, q)
     if r is None or rank(shapes, k) != r or rank(shapes, v) != r or r not in (3, 4):
         raise Reject(f"cannot prove Q, K and V are all rank 4 or all rank 3 (Q rank {r})")
