@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -64,24 +63,21 @@ cudaError_t device_info(DeviceInfo* out) {
   return cudaSuccess;
 }
 
+// During stream capture (CUDA graphs: ORT's enable_cuda_graph, torch.cuda.graph) the stream may not
+// be queried for its device (cudaErrorStreamCaptureUnsupported, which also invalidates the capture):
+// then the caller's current device is kept, as it is when the stream is a default stream.
 cudaError_t select_stream_device(cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return cudaSuccess;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+  if (err != cudaSuccess) return err;
+  if (capture != cudaStreamCaptureStatusNone) return cudaSuccess;
   int want = 0, have = 0;
-  cudaError_t err = cudaStreamGetDevice(stream, &want);
+  err = cudaStreamGetDevice(stream, &want);
   if (err != cudaSuccess) return err;
   err = cudaGetDevice(&have);
   if (err != cudaSuccess) return err;
   return want == have ? cudaSuccess : cudaSetDevice(want);
-}
-
-// Workbench knob for the benchmark (docs/notes/cuda_kernel.md): OPSFUSE_CUDA_TUNE=bn64 selects the
-// 128x64 tile for head-size bucket 128 instead of 128x32. Read once.
-bool tune_wide128() {
-  static const bool wide = [] {
-    const char* v = std::getenv("OPSFUSE_CUDA_TUNE");
-    return v != nullptr && std::string(v) == "bn64";
-  }();
-  return wide;
 }
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
@@ -114,7 +110,6 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev) {
     plan.kind = decode ? KernelKind::kTensorCoreDecode : KernelKind::kTensorCore;
     tile = decode ? detail::kTcDecodeTile
                   : (plan.bucket == 64 ? detail::kTcTile64 : (plan.bucket == 128 ? detail::kTcTile128 : detail::kTcTile256));
-    if (!decode && plan.bucket == 128 && tune_wide128()) tile = detail::kTcTile128Wide;
     smem_block = 2 * (tile.block_m + 2 * tile.block_n) * (plan.bucket + 8);
   }
   plan.block_m = tile.block_m;
@@ -229,8 +224,6 @@ RunFn pick_kernel(const AttentionParams& p, const Plan& plan) {
     case KernelKind::kTensorCore: {
       static const RunFn h[3] = {run_tc_f16_d64, run_tc_f16_d128, run_tc_f16_d256};
       static const RunFn bf[3] = {run_tc_bf16_d64, run_tc_bf16_d128, run_tc_bf16_d256};
-      if (bi == 1 && plan.block_n == kTcTile128Wide.block_n)
-        return p.dtype == DType::kFloat16 ? run_tc_f16_d128w : run_tc_bf16_d128w;
       return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
     }
   }

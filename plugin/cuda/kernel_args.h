@@ -61,8 +61,6 @@ struct Plan {
 OPSFUSE_DECLARE_TC(run_tc_f16_d64);
 OPSFUSE_DECLARE_TC(run_tc_f16_d128);
 OPSFUSE_DECLARE_TC(run_tc_f16_d256);
-OPSFUSE_DECLARE_TC(run_tc_f16_d128w);
-OPSFUSE_DECLARE_TC(run_tc_bf16_d128w);
 OPSFUSE_DECLARE_TC(run_tc_bf16_d64);
 OPSFUSE_DECLARE_TC(run_tc_bf16_d128);
 OPSFUSE_DECLARE_TC(run_tc_bf16_d256);
@@ -82,9 +80,7 @@ struct TileShape {
   int block_m, block_n, warps, per_sm_regs;
 };
 constexpr TileShape kTcTile64{128, 64, 4, 2};     // 246 registers
-constexpr TileShape kTcTile128{128, 32, 4, 2};     // 236 registers
-// Workbench variant (OPSFUSE_CUDA_TUNE=bn64): 255 registers, 56 bytes of spill on sm_90.
-constexpr TileShape kTcTile128Wide{128, 64, 4, 2};
+constexpr TileShape kTcTile128{128, 32, 4, 2};    // 236 registers (128x64: 255 + 56 B of spill)
 constexpr TileShape kTcTile256{64, 32, 4, 2};     // 232 registers
 constexpr TileShape kTcDecodeTile{16, 64, 1, 8};  // 1 warp, <= 208 registers
 constexpr TileShape kF32Tile64{64, 64, 4, 3};     // 165 registers

@@ -14,9 +14,4 @@ cudaError_t run_tcdec_f16_d128(const KernelArgs& a, const Plan& plan, cudaStream
   return launch_flash_tc<__half, 128, t.block_m, t.block_n, t.warps>(a, plan, stream);
 }
 
-cudaError_t run_tc_f16_d128w(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr TileShape t = kTcTile128Wide;
-  return launch_flash_tc<__half, 128, t.block_m, t.block_n, t.warps>(a, plan, stream);
-}
-
 }  // namespace opsfuse::cuda::detail

@@ -49,7 +49,16 @@ struct DLManagedTensor {
 constexpr int32_t kDLCUDA = 2, kDLCUDAManaged = 13;
 constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6;
 
-[[noreturn]] void invalid(const std::string& msg) { throw py::value_error("FusedAttention: " + msg); }
+// Errors never cross into Python as C++ exceptions: each entry point returns (code, message, value)
+// and opsfuse/cuda.py raises. (A C++ exception would walk every exception translator registered in
+// the process -- PyTorch registers its own -- and one crash was seen on the H200 in that path.)
+enum ErrorCode : int { kOk = 0, kInvalid = 1, kUnsupported = 2, kDevice = 3 };
+struct Error {
+  ErrorCode code;
+  std::string message;
+};
+
+[[noreturn]] void invalid(const std::string& msg) { throw Error{kInvalid, "FusedAttention: " + msg}; }
 
 // One tensor as the launcher sees it. Keeps a DLPack capsule's tensor alive until released.
 struct View {
@@ -211,14 +220,14 @@ void prepare(Prepared& pr, py::handle q, py::handle k, py::handle v, py::handle 
   }
 }
 
-int64_t py_workspace_size(py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
+int64_t workspace_size_impl(py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
                           std::optional<float> scale, int64_t is_causal, float softcap) {
   Prepared pr;
   prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, -1);
   return static_cast<int64_t>(opsfuse::cuda::workspace_size(pr.p));
 }
 
-void py_fused_attention(py::handle q, py::handle k, py::handle v, py::handle y, py::handle mask, py::handle kl,
+void fused_attention_impl(py::handle q, py::handle k, py::handle v, py::handle y, py::handle mask, py::handle kl,
                         std::optional<float> scale, int64_t is_causal, float softcap, uintptr_t workspace,
                         int64_t workspace_bytes, int64_t stream, int device) {
   Prepared pr;
@@ -240,7 +249,7 @@ void py_fused_attention(py::handle q, py::handle k, py::handle v, py::handle y, 
     int cur = -1;
     if (cudaGetDevice(&cur) == cudaSuccess && cur != device && cudaSetDevice(device) != cudaSuccess) {
       cudaGetLastError();
-      throw std::runtime_error("FusedAttention: could not select CUDA device " + std::to_string(device));
+      throw Error{kDevice, "FusedAttention: could not select CUDA device " + std::to_string(device)};
     }
   }
   opsfuse::Status st;
@@ -252,8 +261,42 @@ void py_fused_attention(py::handle q, py::handle k, py::handle v, py::handle y, 
   if (st == opsfuse::Status::kOk) return;
   const std::string msg = std::string("FusedAttention: ") + opsfuse::status_name(st) + ": " +
                           opsfuse::cuda::last_error_message();
-  if (st == opsfuse::Status::kInvalidArgument) throw py::value_error(msg);
-  throw std::runtime_error(msg);
+  throw Error{st == opsfuse::Status::kInvalidArgument ? kInvalid
+              : st == opsfuse::Status::kUnsupported   ? kUnsupported
+                                                      : kDevice,
+              msg};
+}
+
+// Runs `fn`, turning every exception into (code, message).
+template <typename Fn>
+py::tuple guarded(Fn&& fn) {
+  try {
+    py::object value = fn();
+    return py::make_tuple(static_cast<int>(kOk), std::string(), value);
+  } catch (const Error& e) {
+    return py::make_tuple(static_cast<int>(e.code), e.message, py::none());
+  } catch (py::error_already_set& e) {
+    std::string msg = std::string("FusedAttention: ") + e.what();
+    return py::make_tuple(static_cast<int>(kInvalid), msg, py::none());
+  } catch (const std::exception& e) {
+    return py::make_tuple(static_cast<int>(kInvalid), std::string("FusedAttention: ") + e.what(), py::none());
+  } catch (...) {
+    return py::make_tuple(static_cast<int>(kDevice), std::string("FusedAttention: unknown error"), py::none());
+  }
+}
+
+py::tuple py_workspace_size(py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
+                            std::optional<float> scale, int64_t is_causal, float softcap) {
+  return guarded([&] { return py::int_(workspace_size_impl(q, k, v, mask, kl, scale, is_causal, softcap)); });
+}
+
+py::tuple py_fused_attention(py::handle q, py::handle k, py::handle v, py::handle y, py::handle mask, py::handle kl,
+                             std::optional<float> scale, int64_t is_causal, float softcap, uintptr_t workspace,
+                             int64_t workspace_bytes, int64_t stream, int device) {
+  return guarded([&] {
+    fused_attention_impl(q, k, v, y, mask, kl, scale, is_causal, softcap, workspace, workspace_bytes, stream, device);
+    return py::object(py::none());
+  });
 }
 
 }  // namespace
@@ -263,12 +306,14 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("workspace_size", &py_workspace_size, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("attn_mask") = py::none(), py::arg("key_lengths") = py::none(), py::arg("scale") = py::none(),
         py::arg("is_causal") = 0, py::arg("softcap") = 0.0f,
-        "Bytes of device workspace fused_attention needs for these inputs (0: none).");
+        "(code, message, bytes): the device workspace fused_attention needs (0: none). code 0: ok, 1: invalid "
+        "argument, 2: unsupported, 3: device error.");
   m.def("fused_attention", &py_fused_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("y"),
         py::arg("attn_mask") = py::none(), py::arg("key_lengths") = py::none(), py::arg("scale") = py::none(),
         py::arg("is_causal") = 0, py::arg("softcap") = 0.0f, py::arg("workspace") = 0,
         py::arg("workspace_bytes") = 0, py::arg("stream") = 0, py::arg("device") = -1,
         "Enqueues FusedAttention on `stream` (a cudaStream_t as int) of CUDA device `device`, writing into the "
-        "preallocated y; `workspace` is a device pointer (int) to workspace_bytes bytes.");
+        "preallocated y; `workspace` is a device pointer (int) to workspace_bytes bytes. Returns (code, message, "
+        "None) as workspace_size does.");
   m.attr("OP_NAME") = opsfuse::contract::kOpName;
 }

@@ -74,9 +74,21 @@ def _empty(fw, x, shape, dtype=None):
         return cupy.empty(shape, dtype=x.dtype if dtype is None else dtype)
 
 
+def _check(result):
+    """The module returns (code, message, value) instead of raising through C++."""
+    code, message, value = result
+    if code == 0:
+        return value
+    if code == 1:
+        raise ValueError(message)
+    raise RuntimeError(message)
+
+
 def workspace_size(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0) -> int:
     """Bytes of device scratch the launch needs (split-KV partial results); 0 when none."""
-    return int(_module().workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal), float(softcap)))
+    scale = None if scale is None else float(scale)
+    return int(_check(_module().workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal),
+                                               float(softcap))))
 
 
 def fused_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0, *,
@@ -96,7 +108,7 @@ def fused_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_ca
     if out is None:
         out = _empty(fw, q, y_shape)
     scale = None if scale is None else float(scale)
-    ws_bytes = m.workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal), float(softcap))
+    ws_bytes = int(_check(m.workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal), float(softcap))))
     workspace = None
     ws_ptr = 0
     if ws_bytes > 0:
@@ -112,6 +124,6 @@ def fused_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_ca
             ws_ptr = workspace.data.ptr
     device = q.device.index if fw == "torch" else q.device.id
     device = -1 if device is None else int(device)
-    m.fused_attention(q, k, v, out, attn_mask, key_lengths, scale, int(is_causal), float(softcap), ws_ptr,
-                      int(ws_bytes), int(stream), device)
+    _check(m.fused_attention(q, k, v, out, attn_mask, key_lengths, scale, int(is_causal), float(softcap), ws_ptr,
+                             int(ws_bytes), int(stream), device))
     return out
