@@ -46,6 +46,11 @@ static inline Vec vpow2i(Vec n) {
   __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
   return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
 }
+// 2^n from y = n + 1.5*2^23 (n in [-127, 127] sits in y's low mantissa bits): (bits(y) + 127) << 23.
+static inline Vec vpow2_bits(Vec y) {
+  const __m512i e = _mm512_add_epi32(_mm512_castps_si512(y.v), _mm512_set1_epi32(127));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
 // x where x > -inf, else 0.
 static inline Vec vneginf_to_zero(Vec x) {
   __mmask16 m = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
@@ -79,6 +84,10 @@ static inline Vec vfma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, 
 static inline Vec vround(Vec a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
 static inline Vec vpow2i(Vec n) {
   __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
+}
+static inline Vec vpow2_bits(Vec y) {
+  const __m256i e = _mm256_add_epi32(_mm256_castps_si256(y.v), _mm256_set1_epi32(127));
   return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
 }
 static inline Vec vneginf_to_zero(Vec x) {
@@ -116,6 +125,10 @@ static inline Vec vpow2i(Vec n) {
   __m128i e = _mm_add_epi32(_mm_cvtps_epi32(n.v), _mm_set1_epi32(127));
   return {_mm_castsi128_ps(_mm_slli_epi32(e, 23))};
 }
+static inline Vec vpow2_bits(Vec y) {
+  const __m128i e = _mm_add_epi32(_mm_castps_si128(y.v), _mm_set1_epi32(127));
+  return {_mm_castsi128_ps(_mm_slli_epi32(e, 23))};
+}
 static inline Vec vneginf_to_zero(Vec x) {
   __m128 m = _mm_cmpeq_ps(x.v, _mm_set1_ps(-__builtin_inff()));
   return {_mm_andnot_ps(m, x.v)};
@@ -144,6 +157,14 @@ static inline Vec vpow2i(Vec n) {
   std::memcpy(&f, &bits, sizeof f);
   return {f};
 }
+static inline Vec vpow2_bits(Vec y) {
+  uint32_t bits;
+  std::memcpy(&bits, &y.v, sizeof bits);
+  bits = (bits + 127u) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return {f};
+}
 static inline Vec vneginf_to_zero(Vec x) { return {x.v == -__builtin_inff() ? 0.0f : x.v}; }
 
 #endif
@@ -168,13 +189,16 @@ static inline Vec vexp_nonpos(Vec x) {
   return vmul(p, vpow2i(n));
 }
 
-// 2^t for t <= 0 (t = -inf gives exactly 0): n = round(t), f = t - n in [-1/2, 1/2] (exact),
+// 2^t for t <= 0 (t = -inf gives exactly 0). t + 1.5*2^23 rounds t to the nearest integer n in
+// the low mantissa bits (no round / convert instructions); f = t - n in [-1/2, 1/2] is exact;
 // 2^f by a degree-6 polynomial (Chebyshev interpolation of 2^f on [-1/2, 1/2], monomial form;
-// max relative error 1.1e-7), times 2^n. Arguments below -127 flush to 0; NaN becomes 0.
+// max relative error 1.1e-7); 2^n = (n + 127) << 23 from those same bits. Arguments below -127
+// flush to 0; NaN becomes 0.
 static inline Vec vexp2_nonpos(Vec t) {
   t = vmax(t, vset1(-127.0f));
-  const Vec n = vround(t);
-  const Vec f = vsub(t, n);
+  const Vec magic = vset1(12582912.0f);
+  const Vec y = vadd(t, magic);
+  const Vec f = vsub(t, vsub(y, magic));
   Vec p = vset1(1.5461444854736328e-4f);
   p = vfma(p, f, vset1(1.3400427997112274e-3f));
   p = vfma(p, f, vset1(9.618056938052177e-3f));
@@ -182,7 +206,7 @@ static inline Vec vexp2_nonpos(Vec t) {
   p = vfma(p, f, vset1(2.4022650718688965e-1f));
   p = vfma(p, f, vset1(6.931471824645996e-1f));
   p = vfma(p, f, vset1(1.0f));
-  return vmul(p, vpow2i(n));
+  return vmul(p, vpow2_bits(y));
 }
 
 // tanh(x), relative error ~2e-7 everywhere. |x| < 0.625: x * Q(x^2), Q a degree-5 polynomial
