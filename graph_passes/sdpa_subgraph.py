@@ -39,7 +39,10 @@ Exactness decisions (each rejection below is a stated reason in the report):
   with ``finfo(float32).min`` masks are exact, fully masked rows included.
 - A scale applied after an additive mask (``(s + m) * c``) would scale the mask: left alone.
 - Casts before the Softmax must be widening (or no-ops); casts after it may not pass through a
-  type narrower than Q's; the additive mask must have Q's type.
+  type narrower than Q's; the additive mask must have Q's type. One mixed form is accepted: Q and K
+  in half precision with the scores widened to float32 before the Softmax and V and the output in
+  float32 (TorchScript's SDPA export of float16 models) -- the fused node reads Cast(Q), Cast(K)
+  (exact) and computes in float32, at least as precisely as the original.
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ class Plan:
     dtype: ir.DataType
     rank3: bool = False  # bmm form (N, S, D): lifted to (1, N, S, D) around the fused node
     opset: int = 17
+    upcast_qk: bool = False  # Q and K are read through Cast(to=dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -446,9 +450,22 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
     t = dtype_of(m.q, shapes)
     if t not in VALUE_DTYPES:
         raise Reject(f"Q has element type {t}; FusedAttention supports float32, float16 and bfloat16")
+    t_out = dtype_of(m.pv.outputs[0], shapes)
+    upcast_qk = False
+    if t_out != t and t_out in VALUE_DTYPES and widening_or_same(t, t_out) and dtype_of(m.v, shapes) == t_out:
+        # Half-precision Q and K whose scores are widened before the Softmax, with V and the
+        # output in the wider type (TorchScript's SDPA export of float16 models). The fused node
+        # reads Q and K widened (exact) and returns the wider type; its float32 scores are at
+        # least as precise as the original's half-precision ones.
+        widened = [c for c in m.pre_casts if ir.DataType(c.attributes.get_int("to")) == t_out]
+        if not widened:
+            raise Reject(f"Q is {t} and the output {t_out}, but the scores are never widened to {t_out}")
+        t, upcast_qk = t_out, True
     for name, value in (("K", kt), ("V", m.v), ("output", m.pv.outputs[0]), ("scores", scores)):
-        if dtype_of(value, shapes) != t:
-            raise Reject(f"{name} has element type {dtype_of(value, shapes)}, Q has {t}: mixed precision")
+        expect = dtype_of(m.q, shapes) if upcast_qk and name in ("K", "scores") else t
+        if dtype_of(value, shapes) != expect:
+            raise Reject(f"{name} has element type {dtype_of(value, shapes)}, Q has {dtype_of(m.q, shapes)}: "
+                         "mixed precision")
     for cast in m.pre_casts:
         src, dst = dtype_of(cast.inputs[0], shapes), ir.DataType(cast.attributes.get_int("to"))
         if not widening_or_same(src, dst):
@@ -493,7 +510,7 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
             raise Reject(f"the Where condition {term.value.name} is {mt}, not bool")
     if r == 3:
         k = m.k_base if rank(shapes, m.k_base) == 3 and is_identity_perm(m.k_perm) else kt
-        return Plan(k=k, k_perm=SWAP_LAST, v=m.v, n_rep=1, dtype=t, rank3=True, opset=opset)
+        return Plan(k=k, k_perm=SWAP_LAST, v=m.v, n_rep=1, dtype=t, rank3=True, opset=opset, upcast_qk=upcast_qk)
     # K layout and repeat-kv.
     k_perm = compose_perm(SWAP_LAST, m.k_perm)
     k, v, n_rep = m.k_base, m.v, 1
@@ -503,7 +520,10 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
             k, v, n_rep = k_un[0], v_un[0], k_un[1]
     if rank(shapes, m.k_base) != 4:
         k, k_perm = kt, SWAP_LAST  # K^T came through something else: transpose it back explicitly
-    return Plan(k=k, k_perm=None if is_identity_perm(k_perm) else k_perm, v=v, n_rep=n_rep, dtype=t, opset=opset)
+    if upcast_qk and n_rep > 1:  # V was not widened through the repeat: keep the repeated tensors
+        k, v, n_rep = m.k_base, m.v, 1
+    return Plan(k=k, k_perm=None if is_identity_perm(k_perm) else k_perm, v=v, n_rep=n_rep, dtype=t, opset=opset,
+                upcast_qk=upcast_qk)
 
 
 # --------------------------------------------------------------------------------------------
@@ -517,6 +537,9 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
     base = emit.base_name(m.softmax, m.qk)
     new_nodes: list[ir.Node] = []
     q, k, v = m.q, plan.k, plan.v
+    if plan.upcast_qk:
+        q = emit.node(new_nodes, "Cast", [q], {"to": int(plan.dtype)}, f"{base}/Q_cast")
+        k = emit.node(new_nodes, "Cast", [k], {"to": int(plan.dtype)}, f"{base}/K_cast")
     if plan.rank3:
         q, k, v = (emit.unsqueeze0(new_nodes, x, plan.opset, f"{base}/{n}_lift") for x, n in ((q, "Q"), (k, "K"), (v, "V")))
     if plan.k_perm is not None:
@@ -547,4 +570,5 @@ def details(match: Match, plan: Plan) -> dict:
         "gqa_repeat_absorbed": plan.n_rep if plan.n_rep > 1 else 0,
         "nan_guard": match.nan_guard,
         "batched_matmul_3d": plan.rank3,
+        "qk_widened_to": str(plan.dtype) if plan.upcast_qk else "",
     }

@@ -193,21 +193,25 @@ SPECS = {
 }
 
 
-def variant_name(model: str, attn: str, exporter: str, opset: int) -> str:
-    return f"{model}-{attn}-{exporter}{opset}"
+def variant_name(model: str, attn: str, exporter: str, opset: int, half: bool = False) -> str:
+    return f"{model}-{attn}-{exporter}{opset}" + ("-fp16" if half else "")
 
 
 def export(model: str, attn: str, exporter: str, opset: int, out_dir: str | os.PathLike,
-           quiet: bool = True) -> Path:
-    """Export one variant to ``out_dir/<variant>.onnx`` (weights inline) and return the path."""
+           quiet: bool = True, half: bool = False) -> Path:
+    """Export one variant to ``out_dir/<variant>.onnx`` (weights inline) and return the path.
+    `half`: the model in float16 (its float inputs too)."""
     import torch
 
     spec = SPECS[model]
     torch.manual_seed(0)
     module, inputs, dyn = spec.build(attn)
+    if half:
+        module = module.half()
+        inputs = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
     names = list(inputs)
     args = tuple(inputs[n] for n in names)
-    path = Path(out_dir) / f"{variant_name(model, attn, exporter, opset)}.onnx"
+    path = Path(out_dir) / f"{variant_name(model, attn, exporter, opset, half)}.onnx"
     path.parent.mkdir(parents=True, exist_ok=True)
     sink = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(sink if quiet else sys.stdout), \

@@ -43,17 +43,22 @@ VARIANTS = [
 ]
 
 
+# Float16 exports (TorchScript, opset 17): eager attention softmaxes in float32 between casts;
+# the SDPA export computes Q.K^T in float16 and everything after in float32.
+HALF = [("bert", "eager"), ("llama_gqa", "eager"), ("llama_gqa", "sdpa")]
+
+
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """Exports a variant on first use (session cache); returns its path."""
     out_dir = tmp_path_factory.mktemp("hf_models")
     cache: dict = {}
 
-    def get(model, attn, exporter, opset):
-        key = (model, attn, exporter, opset)
+    def get(model, attn, exporter, opset, half=False):
+        key = (model, attn, exporter, opset, half)
         if key not in cache:
             try:
-                cache[key] = export_models.export(model, attn, exporter, opset, out_dir)
+                cache[key] = export_models.export(model, attn, exporter, opset, out_dir, half=half)
             except Exception as exc:  # an exporter limitation, not ours
                 cache[key] = exc
         result = cache[key]
@@ -67,7 +72,15 @@ def exported(tmp_path_factory):
 @pytest.mark.parametrize("model,attn,exporter,opset", VARIANTS,
                          ids=[export_models.variant_name(*v) for v in VARIANTS])
 def test_every_attention_layer_fused_and_outputs_kept(exported, tmp_path, model, attn, exporter, opset):
-    src = exported(model, attn, exporter, opset)
+    _check_variant(exported(model, attn, exporter, opset), tmp_path, model)
+
+
+@pytest.mark.parametrize("model,attn", HALF, ids=[f"{m}-{a}-torchscript17-fp16" for m, a in HALF])
+def test_float16_exports(exported, tmp_path, model, attn):
+    _check_variant(exported(model, attn, "torchscript", 17, half=True), tmp_path, model)
+
+
+def _check_variant(src, tmp_path, model):
     ir_model = model_io.load(src)
     rewritten, report = fuse_attention(ir_model)
     expected = export_models.SPECS[model].attention_layers

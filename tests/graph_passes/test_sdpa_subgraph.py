@@ -318,3 +318,26 @@ def test_unprovable_candidates_are_left_with_reason(kind, reason):
     assert report.found == 1 and report.fused == 0, report.format()
     assert reason in report.left[0].reason
     assert not fused_nodes(out)
+
+
+def test_float16_qk_with_float32_softmax_and_v():
+    """TorchScript's SDPA export of a float16 model: Q.K^T in float16, then Cast to float32, a
+    float32 mask, softmax and P.V in float32 on a widened V: fused in float32 on widened Q, K."""
+    from attention_graphs import G
+
+    g = G(17)
+    q, k, v16 = (g.inp(n, F16, [2, 4, 5, D]) for n in "qkv")
+    m = g.inp("m", F32, [2, 1, 5, 5])
+    c = g.const(np.float16(np.sqrt(1 / np.sqrt(D))), np.float16)
+    s = g.op("MatMul", g.op("Mul", q, c), g.op("Mul", g.op("Transpose", k, perm=[0, 1, 3, 2]), c))
+    s = g.op("Add", g.op("Cast", s, to=F32), m)
+    p = g.op("Softmax", s, axis=-1)
+    g.op("MatMul", p, g.op("Cast", v16, to=F32))
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [2, 4, 5, D])
+    model = g.model()
+    out, node, report = _fused_one(model)
+    assert report.candidates[0].details["qk_widened_to"] == "FLOAT"
+    producers = {o: n for n in out.graph.node for o in n.output}
+    assert producers[node.input[0]].op_type == "Cast" and producers[node.input[1]].op_type == "Cast"
+    assert_same_outputs(model, out, random_feeds(model), rtol=1e-2, atol=1e-2)
