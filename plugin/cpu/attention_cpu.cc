@@ -52,19 +52,22 @@ const CpuKernel* choose_kernel() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Query rows per work item: large enough that a converted K/V tile serves many rows, small
-// enough that every thread gets several items (the causal case needs them for balance).
+// Rows per work item. An item is (batch, kv head, block of rows), the rows being the (query
+// head, query position) pairs of the query heads that share the kv head (attention_cpu_impl.h).
+// Blocks are large enough that a converted K/V tile serves many rows, small enough that every
+// thread gets several items (the causal case needs them for balance).
 Tiling make_tiling(const AttentionParams& p, int lane_block) {
   Tiling t;
   t.block_k = 64;
   const int64_t lb = lane_block;
-  int64_t bq = lb * ceil_div(128, lb);
-  const int64_t heads = p.batch * p.heads_q;
+  const int64_t rows = (p.heads_q / p.heads_kv) * p.seq_q;
+  const int64_t heads = p.batch * p.heads_kv;
+  int64_t bq = lb * ceil_div(128, lb);  // at most 4 lane blocks of 64 (kMaxLaneBlocks allows 64)
   const int64_t threads = static_cast<int64_t>(std::thread::hardware_concurrency() ? std::thread::hardware_concurrency() : 1);
-  while (bq > lb && heads * ceil_div(p.seq_q, bq) < 4 * threads) bq -= lb;
-  if (bq > p.seq_q) bq = ceil_div(p.seq_q, lb) * lb;  // one item per head covers every row
+  while (bq > lb && heads * ceil_div(rows, bq) < 4 * threads) bq -= lb;
+  if (bq > rows) bq = ceil_div(rows, lb) * lb;  // one item per kv head covers every row
   t.block_q = bq;
-  t.n_qblocks = ceil_div(p.seq_q, bq);
+  t.n_qblocks = ceil_div(rows, bq);
   t.n_items = heads * t.n_qblocks;
   return t;
 }

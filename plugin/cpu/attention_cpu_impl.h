@@ -265,9 +265,14 @@ static size_t scratch_layout(const AttentionParams& p, const Tiling& t, float* b
 
 static size_t scratch_bytes(const AttentionParams& p, const Tiling& t) { return scratch_layout(p, t, nullptr, nullptr); }
 
+// A work item is (batch b, kv head hk, block of rows). Its rows are the (query head, query
+// position) pairs of the `group` query heads that share kv head hk, position fastest:
+// row r -> head hk * group + r / Sq, position r % Sq. For Sq >= a block the rows of a block
+// belong to one head, as in plain (batch, head, query block) items; for decoding (Sq = 1) the
+// group's heads fill the vector lanes and K / V are read once per kv head instead of per head.
 struct ItemCtx {
   const AttentionParams* p;
-  int64_t b, h, hk;
+  int64_t b, hk, group;
   int64_t klen;         // keys visible through key_lengths
   int64_t causal_off;   // row i sees keys j <= i + causal_off (when causal)
   int64_t t0;           // first key of the current tile
@@ -283,17 +288,20 @@ static inline float to_log2_units(float m) {
   return x;
 }
 
-// One past the last key row i may attend.
+// One past the last key query position i may attend.
 static inline int64_t row_end(const ItemCtx& c, int64_t i) {
   if (c.p->is_causal == 0) return c.klen;
   return imax(0, imin(c.klen, i + c.causal_off + 1));
 }
 
+static inline int64_t row_head(const ItemCtx& c, int64_t r) { return c.hk * c.group + r / c.p->seq_q; }
+static inline int64_t row_pos(const ItemCtx& c, int64_t r) { return r % c.p->seq_q; }
+
 // Scores -> softcap -> mask -> causal for the (nk, lanes) block in sT, then the online-softmax
 // update and O^T += V^T P^T for lane block `lb`.
 template <int NV>
-static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_t i_first, int64_t n_rows,
-                          const float* kp, int64_t kst, const float* vp, int64_t vst, int64_t nk) {
+static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_t r_first, int64_t n_rows,
+                          int64_t end_min, const float* kp, int64_t kst, const float* vp, int64_t vst, int64_t nk) {
   const AttentionParams& p = *c.p;
   const int64_t d_len = p.head_dim;
   const int64_t dv_len = p.head_dim_v;
@@ -322,9 +330,9 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
 
   if (p.mask_kind != MaskKind::kNone) {
     const int64_t* ms = p.mask_stride;
-    const int64_t base = c.b * ms[0] + c.h * ms[1] + c.t0 * ms[3];
+    const int64_t base = c.b * ms[0] + c.t0 * ms[3];
     for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t row = base + (i_first + r) * ms[2];
+      const int64_t row = base + row_head(c, r_first + r) * ms[1] + row_pos(c, r_first + r) * ms[2];
       float* col = sT + r;
       if (p.mask_kind == MaskKind::kBool) {
         const uint8_t* m = static_cast<const uint8_t*>(p.mask) + row;
@@ -339,9 +347,9 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
     }
   }
 
-  if (p.is_causal != 0 && row_end(c, i_first) < c.t0 + nk) {
+  if (p.is_causal != 0 && end_min < c.t0 + nk) {
     for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t first_hidden = imax(0, row_end(c, i_first + r) - c.t0);
+      const int64_t first_hidden = imax(0, row_end(c, row_pos(c, r_first + r)) - c.t0);
       for (int64_t j = first_hidden; j < nk; ++j) sT[j * kLB + r] = kNegInf;
     }
   }
@@ -419,29 +427,36 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
 }
 
 template <int NV>
-static inline void dispatch_block(int nv, const ItemCtx& c, const Scratch& s, int64_t lb, int64_t i_first,
-                                  int64_t n_rows, const float* kp, int64_t kst, const float* vp, int64_t vst,
-                                  int64_t nk) {
+static inline void dispatch_block(int nv, const ItemCtx& c, const Scratch& s, int64_t lb, int64_t r_first,
+                                  int64_t n_rows, int64_t end_min, const float* kp, int64_t kst, const float* vp,
+                                  int64_t vst, int64_t nk) {
   if constexpr (NV > 0) {
     if (nv == NV) {
-      process_block<NV>(c, s, lb, i_first, n_rows, kp, kst, vp, vst, nk);
+      process_block<NV>(c, s, lb, r_first, n_rows, end_min, kp, kst, vp, vst, nk);
     } else {
-      dispatch_block<NV - 1>(nv, c, s, lb, i_first, n_rows, kp, kst, vp, vst, nk);
+      dispatch_block<NV - 1>(nv, c, s, lb, r_first, n_rows, end_min, kp, kst, vp, vst, nk);
     }
   }
 }
+
+// Causal work grows with the query position; visiting blocks as 0, n-1, 1, n-2, ... puts a
+// light and a heavy block next to each other, so any contiguous share of items (ORT hands each
+// thread one) carries about the same work.
+static inline int64_t balanced_block(int64_t k, int64_t n) { return (k % 2 == 0) ? k / 2 : n - 1 - k / 2; }
+
+constexpr int64_t kMaxLaneBlocks = 64;  // block_q / kLB; make_tiling keeps block_q <= 4 * 64
 
 static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, float* scratch_base) {
   Scratch s;
   scratch_layout(p, t, scratch_base, &s);
 
-  const int64_t qb = item % t.n_qblocks;
-  const int64_t bh = item / t.n_qblocks;
   ItemCtx c;
   c.p = &p;
-  c.h = bh % p.heads_q;
-  c.b = bh / p.heads_q;
-  c.hk = c.h / (p.heads_q / p.heads_kv);
+  c.group = p.heads_q / p.heads_kv;
+  const int64_t qb_raw = item % t.n_qblocks;
+  const int64_t bk = item / t.n_qblocks;
+  c.hk = bk % p.heads_kv;
+  c.b = bk / p.heads_kv;
   c.klen = p.seq_k;
   if (p.key_lengths != nullptr) {
     c.klen = p.key_lengths_int64 ? static_cast<const int64_t*>(p.key_lengths)[c.b]
@@ -454,26 +469,42 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
 
   const int64_t d_len = p.head_dim;
   const int64_t dv_len = p.head_dim_v;
-  const int64_t q0 = qb * t.block_q;
-  const int64_t qn = imin(t.block_q, p.seq_q - q0);
-  const int64_t n_lb = ceil_div(qn, kLB);
+  const int64_t qb = p.is_causal != 0 ? balanced_block(qb_raw, t.n_qblocks) : qb_raw;
+  const int64_t r0 = qb * t.block_q;
+  const int64_t rn = imin(t.block_q, c.group * p.seq_q - r0);
+  const int64_t n_lb = imin(ceil_div(rn, kLB), kMaxLaneBlocks);
+
+  // Per lane block: the fewest and the most keys any of its rows may attend.
+  int64_t end_min[kMaxLaneBlocks], end_max[kMaxLaneBlocks];
+  int64_t kv_end = 0;
+  for (int64_t lb = 0; lb < n_lb; ++lb) {
+    const int64_t r_first = r0 + lb * kLB;
+    const int64_t n_rows = imin(kLB, r0 + rn - r_first);
+    end_min[lb] = c.klen;
+    end_max[lb] = 0;
+    for (int64_t x = 0; x < n_rows; ++x) {
+      const int64_t e = row_end(c, row_pos(c, r_first + x));
+      end_min[lb] = imin(end_min[lb], e);
+      end_max[lb] = imax(end_max[lb], e);
+    }
+    kv_end = imax(kv_end, end_max[lb]);
+  }
 
   // Pack Q^T per lane block; lanes past the last row are zero.
-  const int64_t q_off = c.b * p.q_stride[0] + c.h * p.q_stride[1];
   for (int64_t lb = 0; lb < n_lb; ++lb) {
     float* qT = s.qT + lb * d_len * kLB;
-    for (int64_t r = 0; r < kLB; ++r) {
-      const int64_t i = q0 + lb * kLB + r;
-      if (i < q0 + qn) {
-        const int64_t row = q_off + i * p.q_stride[2];
+    for (int64_t x = 0; x < kLB; ++x) {
+      const int64_t r = r0 + lb * kLB + x;
+      if (r < r0 + rn) {
+        const int64_t row = c.b * p.q_stride[0] + row_head(c, r) * p.q_stride[1] + row_pos(c, r) * p.q_stride[2];
         if (p.dtype == DType::kFloat32) {
           const float* src = static_cast<const float*>(p.q) + row;
-          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = src[d];
+          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + x] = src[d];
         } else {
-          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = load_elem(p.q, row + d, p.dtype);
+          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + x] = load_elem(p.q, row + d, p.dtype);
         }
       } else {
-        for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + r] = 0.0f;
+        for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + x] = 0.0f;
       }
     }
   }
@@ -483,7 +514,6 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
     s.l[x] = 0.0f;
   }
 
-  const int64_t kv_end = row_end(c, q0 + qn - 1);  // rows only see more keys further down
   const int64_t k_off = c.b * p.k_stride[0] + c.hk * p.k_stride[1];
   const int64_t v_off = c.b * p.v_stride[0] + c.hk * p.v_stride[1];
   for (int64_t t0 = 0; t0 < kv_end; t0 += t.block_k) {
@@ -508,31 +538,31 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
       vst = dv_len;
     }
     for (int64_t lb = 0; lb < n_lb; ++lb) {
-      const int64_t i_first = q0 + lb * kLB;
-      const int64_t n_rows = imin(kLB, q0 + qn - i_first);
-      // Keys of this tile that the block's last (most-seeing) row may attend.
-      const int64_t nb = imin(nk, row_end(c, i_first + n_rows - 1) - t0);
+      const int64_t r_first = r0 + lb * kLB;
+      const int64_t n_rows = imin(kLB, r0 + rn - r_first);
+      // Keys of this tile that the block's most-seeing row may attend.
+      const int64_t nb = imin(nk, end_max[lb] - t0);
       if (nb <= 0) continue;
       const int nv = static_cast<int>(ceil_div(n_rows, kW));
-      dispatch_block<kMaxNV>(nv, c, s, lb, i_first, n_rows, kp, kst, vp, vst, nb);
+      dispatch_block<kMaxNV>(nv, c, s, lb, r_first, n_rows, end_min[lb], kp, kst, vp, vst, nb);
     }
   }
 
   // Y = O / l; rows whose keys were all masked (l = 0) get zeros.
-  const int64_t y_off = c.b * p.y_stride[0] + c.h * p.y_stride[1];
   for (int64_t lb = 0; lb < n_lb; ++lb) {
     const float* o = s.oT + lb * dv_len * kLB;
-    const int64_t n_rows = imin(kLB, q0 + qn - (q0 + lb * kLB));
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const float l = s.l[lb * kLB + r];
-      const int64_t row = y_off + (q0 + lb * kLB + r) * p.y_stride[2];
+    const int64_t n_rows = imin(kLB, r0 + rn - (r0 + lb * kLB));
+    for (int64_t x = 0; x < n_rows; ++x) {
+      const int64_t r = r0 + lb * kLB + x;
+      const float l = s.l[lb * kLB + x];
+      const int64_t row = c.b * p.y_stride[0] + row_head(c, r) * p.y_stride[1] + row_pos(c, r) * p.y_stride[2];
       if (!(l > 0.0f)) {
         for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, 0.0f);
       } else if (p.dtype == DType::kFloat32) {
         float* y = static_cast<float*>(p.y) + row;
-        for (int64_t d = 0; d < dv_len; ++d) y[d] = o[d * kLB + r] / l;
+        for (int64_t d = 0; d < dv_len; ++d) y[d] = o[d * kLB + x] / l;
       } else {
-        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, o[d * kLB + r] / l);
+        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, o[d * kLB + x] / l);
       }
     }
   }

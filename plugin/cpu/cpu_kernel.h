@@ -11,12 +11,14 @@
 
 namespace opsfuse::cpu {
 
-// How the work is cut. One work item = (batch, query head, block of `block_q` query rows).
+// How the work is cut. One work item = (batch, kv head, block of `block_q` rows), where the rows
+// of a kv head are the (query head, query position) pairs of the Hq / Hkv query heads that read
+// it, position fastest (so for Hq = Hkv an item is a (batch, head, query block) as usual).
 struct Tiling {
-  int64_t block_q = 0;    // query rows per work item; a multiple of the kernel's lane_block
+  int64_t block_q = 0;    // rows per work item; a multiple of the kernel's lane_block, <= 256
   int64_t block_k = 0;    // keys per tile of the online softmax
-  int64_t n_qblocks = 0;  // ceil(Sq / block_q)
-  int64_t n_items = 0;    // batch * heads_q * n_qblocks
+  int64_t n_qblocks = 0;  // ceil((Hq / Hkv) * Sq / block_q)
+  int64_t n_items = 0;    // batch * heads_kv * n_qblocks
 };
 
 struct CpuKernel {
