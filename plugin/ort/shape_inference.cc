@@ -2,6 +2,7 @@
 // Symbolic dimensions carry over, so nodes after the op keep their shapes. Inference never fails
 // the model load: where an input shape is unknown the output is left with unknown dimensions,
 // and the kernel reports a bad shape with a clear message at run time.
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -74,12 +75,18 @@ OrtStatusPtr infer_output_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
 
   OrtTensorTypeAndShapeInfo* out = nullptr;
   if (OrtStatus* st = api.CreateTensorTypeAndShapeInfo(&out)) return st;
+  // A dimension that is neither known nor named gets a fresh symbol: left as a bare -1, ORT
+  // would take -1 for a real size and fold Shape(Y) into a -1 that breaks a later Reshape.
+  static std::atomic<int64_t> unnamed_counter{0};
   std::vector<int64_t> values;
-  std::vector<const char*> symbols;
+  std::vector<std::string> names;
   for (const Dim& d : y) {
     values.push_back(d.value);
-    symbols.push_back(d.symbol.c_str());
+    names.push_back(d.value < 0 && d.symbol.empty() ? "opsfuse_unk_" + std::to_string(unnamed_counter++)
+                                                    : d.symbol);
   }
+  std::vector<const char*> symbols;
+  for (const std::string& name : names) symbols.push_back(name.c_str());
   OrtStatus* st = api.SetTensorElementType(out, q_type);
   if (st == nullptr) st = api.SetDimensions(out, values.data(), values.size());
   if (st == nullptr) st = api.SetSymbolicDimensions(out, symbols.data(), symbols.size());
