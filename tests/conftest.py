@@ -38,7 +38,8 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="no CUDA GPU on this machine (torch.cuda.is_available() is False)")
     skip_trt = pytest.mark.skip(reason="TensorRT not installed (import tensorrt failed)")
     for item in items:
-        if "gpu" in item.keywords and not cuda_gpu_available():
+        # get_closest_marker, not item.keywords: keywords also hold folder names (tests/gpu/).
+        if item.get_closest_marker("gpu") and not cuda_gpu_available():
             item.add_marker(skip_gpu)
-        if "tensorrt" in item.keywords and not tensorrt_available():
+        if item.get_closest_marker("tensorrt") and not tensorrt_available():
             item.add_marker(skip_trt)

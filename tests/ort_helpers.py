@@ -57,10 +57,12 @@ def fused_attention_model(
     node = helper.make_node(contract.OP_NAME, names, ["Y"], domain=contract.DOMAIN, name=node_name, **attrs)
     graph = helper.make_graph([node], "fused_attention", inputs,
                               [helper.make_tensor_value_info("Y", elem, dims(["b", "hq", "sq", "dv"]))])
-    return helper.make_model(
+    model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(contract.DOMAIN, contract.OP_VERSION)],
     )
+    model.ir_version = 10  # loadable by every onnxruntime this library supports (1.21 and newer)
+    return model
 
 
 def run_session(session, feeds: dict[str, np.ndarray], output_dtype) -> np.ndarray:
