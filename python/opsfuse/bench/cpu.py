@@ -158,6 +158,14 @@ def kernel_isa() -> str:
     return best
 
 
+def load_average() -> str:
+    """1-, 5- and 15-minute load averages (other work on a shared machine shows here)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
 def matmul_gflops(n: int = 1024, reps: int = 10) -> float:
     """numpy float32 n x n matmul rate (all threads), median: the machine's FMA throughput now."""
     import numpy as np
@@ -276,7 +284,8 @@ def write_report(out_dir: Path, result: dict) -> tuple[Path, Path]:
         f"- machine: {m['cpu']}, {m['cores']} logical cores, kernel ISA `{m['kernel_isa']}`; "
         f"onnxruntime {m['onnxruntime']}, numpy {m['numpy']}, Python {m['python']}",
         f"- numpy float32 1024^3 matmul (the machine's FMA throughput at the time): "
-        f"{m['matmul_gflops_before']:.0f} GFLOP/s before, {m['matmul_gflops_after']:.0f} GFLOP/s after",
+        f"{m['matmul_gflops_before']:.0f} GFLOP/s before, {m['matmul_gflops_after']:.0f} GFLOP/s after; "
+        f"load average {m.get('loadavg_before', 'n/a')} before, {m.get('loadavg_after', 'n/a')} after",
         "- grid: B=1, H=12, D=64, float32, no mask; median of session.run, models interleaved per round;"
         " FLOPs = 4*B*H*S^2*D",
         "",
@@ -330,6 +339,7 @@ def run(args) -> int:
         "numpy": np.__version__,
         "python": platform.python_version(),
         "matmul_gflops_before": matmul_gflops(),
+        "loadavg_before": load_average(),
     }
     print(f"opsfuse CPU bench on {machine['cpu']} ({machine['cores']} cores, kernel {machine['kernel_isa']}); "
           f"numpy matmul {machine['matmul_gflops_before']:.0f} GFLOP/s")
@@ -342,6 +352,7 @@ def run(args) -> int:
                   f"growth {r['growth_mb']:.0f} MiB")
             memory.append(r)
     machine["matmul_gflops_after"] = matmul_gflops()
+    machine["loadavg_after"] = load_average()
 
     cmd = "python -m opsfuse bench --device cpu" + (" --quick" if quick else "") + (
         f" --repeat {repeat}" if repeat else "")
