@@ -548,21 +548,33 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
     }
   }
 
-  // Y = O / l; rows whose keys were all masked (l = 0) get zeros.
+  // Y = O / l, divided on whole lane vectors in place, then rows copied out; rows whose keys
+  // were all masked (l = 0) get zeros.
+  float* l_safe = s.sT;  // free now; holds kLB floats
   for (int64_t lb = 0; lb < n_lb; ++lb) {
-    const float* o = s.oT + lb * dv_len * kLB;
+    float* o = s.oT + lb * dv_len * kLB;
+    const float* l = s.l + lb * kLB;
     const int64_t n_rows = imin(kLB, r0 + rn - (r0 + lb * kLB));
+    for (int64_t x = 0; x < kLB; ++x) l_safe[x] = l[x] > 0.0f ? l[x] : 1.0f;
+    const int64_t nv = ceil_div(n_rows, kW);
+    for (int64_t d = 0; d < dv_len; ++d)
+      for (int64_t cc = 0; cc < nv; ++cc) {
+        float* x = o + d * kLB + cc * kW;
+        vstore(x, vdiv(vload(x), vload(l_safe + cc * kW)));
+      }
     for (int64_t x = 0; x < n_rows; ++x) {
       const int64_t r = r0 + lb * kLB + x;
-      const float l = s.l[lb * kLB + x];
       const int64_t row = c.b * p.y_stride[0] + row_head(c, r) * p.y_stride[1] + row_pos(c, r) * p.y_stride[2];
-      if (!(l > 0.0f)) {
-        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, 0.0f);
-      } else if (p.dtype == DType::kFloat32) {
+      const bool empty = !(l[x] > 0.0f);
+      if (p.dtype == DType::kFloat32) {
         float* y = static_cast<float*>(p.y) + row;
-        for (int64_t d = 0; d < dv_len; ++d) y[d] = o[d * kLB + x] / l;
+        if (empty) {
+          for (int64_t d = 0; d < dv_len; ++d) y[d] = 0.0f;
+        } else {
+          for (int64_t d = 0; d < dv_len; ++d) y[d] = o[d * kLB + x];
+        }
       } else {
-        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, o[d * kLB + x] / l);
+        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, empty ? 0.0f : o[d * kLB + x]);
       }
     }
   }
