@@ -13,7 +13,8 @@ spins (session.intra_op.allow_spinning=0): with four sessions alive on two cores
 pools stall whichever model runs. FLOPs = 4*B*H*S*S*D.
 A numpy float32 matmul is timed before and after (the machine's state: peers and kernel are
 bound by the same FMA units). Peak memory: a fresh subprocess per model and size builds the
-session and inputs, reads its resident set, runs once and reads the resident-set high-water mark.
+session and inputs, reads its resident set, runs twice and reads its resident-set high-water
+mark (VmHWM).
 Results: cpu_bench.md and cpu_bench.json in --out.
 """
 
@@ -237,18 +238,25 @@ def time_size(s: int, repeat: int | None, quick: bool, log=print) -> dict:
 # --- memory -------------------------------------------------------------------------------------
 
 _MEMORY_CHILD = r"""
-import json, resource, sys
+import json, os, sys
 from opsfuse.bench import cpu
+
+def status_kb(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(key + " not in /proc/self/status")
+
 kind, s = sys.argv[1], int(sys.argv[2])
 sess = cpu.make_session(kind, cpu.build_model(kind, 1, cpu.HEADS, s, cpu.HEAD_DIM))
 feeds = cpu.make_inputs(kind, 1, cpu.HEADS, s, cpu.HEAD_DIM)
-page = __import__("os").sysconf("SC_PAGE_SIZE")
-with open("/proc/self/statm") as f:
-    before = int(f.read().split()[1]) * page
+before = status_kb("VmRSS")
 sess.run(None, feeds)
 sess.run(None, feeds)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"before": before, "peak": peak}))
+# VmHWM: this process's own resident-set high-water mark (ru_maxrss would carry the parent's
+# high-water mark over the fork).
+print(json.dumps({"before": before * 1024, "peak": status_kb("VmHWM") * 1024}))
 """
 
 
