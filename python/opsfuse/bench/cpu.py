@@ -43,6 +43,18 @@ FULL_SIZES = (128, 256, 512, 1024, 2048, 4096)
 QUICK_SIZES = (64, 128)
 MEMORY_SIZES = (1024, 4096)
 HEADS, HEAD_DIM = 12, 64
+NOTES = [
+    "All four sessions use ORT's default intra-op thread count (one thread per core) and graph "
+    "optimizations; none spins (session.intra_op.allow_spinning=0): with four sessions alive on two "
+    "cores, idle spinning pools stalled whichever model ran (~45 ms stalls every few runs).",
+    "The peers do the same FLOPs as FusedAttention through MLAS's SGEMM; where they run near the "
+    "FMA peak a float32 kernel cannot be much faster (floors and the arithmetic: "
+    "docs/notes/cpu_kernel.md). The fused kernel's advantage is the S x S score matrix it never "
+    "writes: flat memory, and time that grows more slowly than the peers' once that matrix leaves "
+    "the caches.",
+    "This is a shared 2-vCPU machine: the numpy matmul rate before/after and the load averages "
+    "show its state during the run; compare models within a row, not across runs.",
+]
 
 
 def flops(b: int, h: int, s: int, d: int) -> float:
@@ -157,6 +169,15 @@ def kernel_isa() -> str:
     if forced in order and order.index(forced) < order.index(best):
         return forced
     return best
+
+
+def _library_path() -> str:
+    try:
+        from .._paths import get_library_path
+
+        return get_library_path()
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        return f"not found ({e})"
 
 
 def load_average() -> str:
@@ -291,6 +312,7 @@ def write_report(out_dir: Path, result: dict) -> tuple[Path, Path]:
         f"- command: `{result['command']}`",
         f"- machine: {m['cpu']}, {m['cores']} logical cores, kernel ISA `{m['kernel_isa']}`; "
         f"onnxruntime {m['onnxruntime']}, numpy {m['numpy']}, Python {m['python']}",
+        f"- opsfuse library: `{m.get('library', 'n/a')}`",
         f"- numpy float32 1024^3 matmul (the machine's FMA throughput at the time): "
         f"{m['matmul_gflops_before']:.0f} GFLOP/s before, {m['matmul_gflops_after']:.0f} GFLOP/s after; "
         f"load average {m.get('loadavg_before', 'n/a')} before, {m.get('loadavg_after', 'n/a')} after",
@@ -348,6 +370,7 @@ def run(args) -> int:
         "python": platform.python_version(),
         "matmul_gflops_before": matmul_gflops(),
         "loadavg_before": load_average(),
+        "library": _library_path(),
     }
     print(f"opsfuse CPU bench on {machine['cpu']} ({machine['cores']} cores, kernel {machine['kernel_isa']}); "
           f"numpy matmul {machine['matmul_gflops_before']:.0f} GFLOP/s")
@@ -370,7 +393,7 @@ def run(args) -> int:
         "machine": machine,
         "timings": timings,
         "memory": memory,
-        "notes": list(getattr(args, "notes", None) or []),
+        "notes": NOTES + list(getattr(args, "notes", None) or []),
     }
     mpath, jpath = write_report(out_dir, result)
     print(f"wrote {mpath} and {jpath}")
