@@ -237,7 +237,8 @@ struct Scratch {
   float* oT;  // (n_lb, Dv, kLB)
   float* m;   // (n_lb, kLB) running max
   float* l;   // (n_lb, kLB) running sum
-  float* sT;  // (BN, kLB)
+  float* sT;  // (n_lb, BN, kLB) scores, then probabilities, of every lane block
+  float* alpha;  // (n_lb, kLB) rescale factor of the current tile
   float* kt;  // (BN, D) converted K tile (half / bfloat16 only)
   float* vt;  // (BN, Dv) converted V tile
 };
@@ -245,18 +246,19 @@ struct Scratch {
 static size_t scratch_layout(const AttentionParams& p, const Tiling& t, float* base, Scratch* s) {
   const int64_t n_lb = ceil_div(t.block_q, kLB);
   const bool convert = p.dtype != DType::kFloat32;
-  const size_t sizes[7] = {
+  const size_t sizes[8] = {
       align16(static_cast<size_t>(n_lb * p.head_dim * kLB)),
       align16(static_cast<size_t>(n_lb * p.head_dim_v * kLB)),
       align16(static_cast<size_t>(n_lb * kLB)),
       align16(static_cast<size_t>(n_lb * kLB)),
-      align16(static_cast<size_t>(t.block_k * kLB)),
+      align16(static_cast<size_t>(n_lb * t.block_k * kLB)),
+      align16(static_cast<size_t>(n_lb * kLB)),
       convert ? align16(static_cast<size_t>(t.block_k * p.head_dim)) : 0,
       convert ? align16(static_cast<size_t>(t.block_k * p.head_dim_v)) : 0,
   };
   size_t off = 0;
-  float** slots[7] = {&s->qT, &s->oT, &s->m, &s->l, &s->sT, &s->kt, &s->vt};
-  for (int i = 0; i < 7; ++i) {
+  float** slots[8] = {&s->qT, &s->oT, &s->m, &s->l, &s->sT, &s->alpha, &s->kt, &s->vt};
+  for (int i = 0; i < 8; ++i) {
     if (base != nullptr) *slots[i] = base + off;
     off += sizes[i];
   }
@@ -276,6 +278,7 @@ struct ItemCtx {
   int64_t klen;         // keys visible through key_lengths
   int64_t causal_off;   // row i sees keys j <= i + causal_off (when causal)
   int64_t t0;           // first key of the current tile
+  int64_t block_k;
   float qk_scale;       // multiplies Q.K^T: scale, times log2(e) unless softcap needs natural units
 };
 
@@ -300,13 +303,16 @@ static inline int64_t row_pos(const ItemCtx& c, int64_t r) { return r % c.p->seq
 // Scores -> softcap -> mask -> causal for the (nk, lanes) block in sT, then the online-softmax
 // update and O^T += V^T P^T for lane block `lb`.
 template <int NV>
-static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_t r_first, int64_t n_rows,
-                          int64_t end_min, const float* kp, int64_t kst, const float* vp, int64_t vst, int64_t nk) {
+static void process_block(int phase, const ItemCtx& c, const Scratch& s, int64_t lb, int64_t r_first,
+                          int64_t n_rows, int64_t end_min, const float* kp, int64_t kst, const float* vp,
+                          int64_t vst, int64_t nk) {
   const AttentionParams& p = *c.p;
   const int64_t d_len = p.head_dim;
   const int64_t dv_len = p.head_dim_v;
   const float* q = s.qT + lb * d_len * kLB;
-  float* sT = s.sT;
+  float* sT = s.sT + lb * c.block_k * kLB;
+  Vec alpha[NV];
+  if (phase == 1) {
 
   // S^T = K Q^T
   {
@@ -358,7 +364,7 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
   // the loops bound by throughput rather than by the latency of one long chain.
   float* mrow = s.m + lb * kLB;
   float* lrow = s.l + lb * kLB;
-  Vec alpha[NV], m_use[NV], mx0[NV], mx1[NV];
+  Vec m_use[NV], mx0[NV], mx1[NV];
 #pragma GCC unroll 4
   for (int cc = 0; cc < NV; ++cc) mx0[cc] = mx1[cc] = vload(mrow + cc * kW);
   {
@@ -416,7 +422,14 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
   for (int cc = 0; cc < NV; ++cc)
     vstore(lrow + cc * kW, vfma(vload(lrow + cc * kW), alpha[cc], vadd(sum0[cc], sum1[cc])));
 
-  // O^T = O^T * alpha + V^T P^T
+#pragma GCC unroll 4
+  for (int cc = 0; cc < NV; ++cc) vstore(s.alpha + lb * kLB + cc * kW, alpha[cc]);
+  return;
+  }
+
+  // Phase 2: O^T = O^T * alpha + V^T P^T
+#pragma GCC unroll 4
+  for (int cc = 0; cc < NV; ++cc) alpha[cc] = vload(s.alpha + lb * kLB + cc * kW);
   {
     constexpr int R = pv_rows<NV>();
     float* o = s.oT + lb * dv_len * kLB;
@@ -427,14 +440,14 @@ static void process_block(const ItemCtx& c, const Scratch& s, int64_t lb, int64_
 }
 
 template <int NV>
-static inline void dispatch_block(int nv, const ItemCtx& c, const Scratch& s, int64_t lb, int64_t r_first,
-                                  int64_t n_rows, int64_t end_min, const float* kp, int64_t kst, const float* vp,
-                                  int64_t vst, int64_t nk) {
+static inline void dispatch_block(int phase, int nv, const ItemCtx& c, const Scratch& s, int64_t lb,
+                                  int64_t r_first, int64_t n_rows, int64_t end_min, const float* kp, int64_t kst,
+                                  const float* vp, int64_t vst, int64_t nk) {
   if constexpr (NV > 0) {
     if (nv == NV) {
-      process_block<NV>(c, s, lb, r_first, n_rows, end_min, kp, kst, vp, vst, nk);
+      process_block<NV>(phase, c, s, lb, r_first, n_rows, end_min, kp, kst, vp, vst, nk);
     } else {
-      dispatch_block<NV - 1>(nv, c, s, lb, r_first, n_rows, end_min, kp, kst, vp, vst, nk);
+      dispatch_block<NV - 1>(phase, nv, c, s, lb, r_first, n_rows, end_min, kp, kst, vp, vst, nk);
     }
   }
 }
@@ -465,6 +478,7 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
   }
   c.causal_off = p.is_causal == 2 ? p.seq_k - p.seq_q : 0;
   c.t0 = 0;
+  c.block_k = t.block_k;
   c.qk_scale = p.softcap > 0.0f ? p.scale : static_cast<float>(p.scale * kLog2e);
 
   const int64_t d_len = p.head_dim;
@@ -541,20 +555,26 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
     // (+2-4% in a streaming micro-benchmark of the Q.K / P.V blocks).
     const int64_t next_rows = p.dtype == DType::kFloat32 ? imin(t.block_k, kv_end - t0 - nk) : 0;
     const int64_t rows_per_lb = ceil_div(next_rows, n_lb);
-    for (int64_t lb = 0; lb < n_lb; ++lb) {
-      for (int64_t j = lb * rows_per_lb; j < imin(next_rows, (lb + 1) * rows_per_lb); ++j) {
-        const float* kn = kp + (nk + j) * kst;
-        const float* vn = vp + (nk + j) * vst;
-        for (int64_t x = 0; x < d_len; x += 16) __builtin_prefetch(kn + x);
-        for (int64_t x = 0; x < dv_len; x += 16) __builtin_prefetch(vn + x);
+    // Phase 1 computes every lane block's scores and probabilities while the K tile stays in
+    // L1; phase 2 accumulates P.V for every lane block while the V tile does.
+    for (int phase = 1; phase <= 2; ++phase) {
+      for (int64_t lb = 0; lb < n_lb; ++lb) {
+        if (phase == 1) {
+          for (int64_t j = lb * rows_per_lb; j < imin(next_rows, (lb + 1) * rows_per_lb); ++j) {
+            const float* kn = kp + (nk + j) * kst;
+            const float* vn = vp + (nk + j) * vst;
+            for (int64_t x = 0; x < d_len; x += 16) __builtin_prefetch(kn + x);
+            for (int64_t x = 0; x < dv_len; x += 16) __builtin_prefetch(vn + x);
+          }
+        }
+        const int64_t r_first = r0 + lb * kLB;
+        const int64_t n_rows = imin(kLB, r0 + rn - r_first);
+        // Keys of this tile that the block's most-seeing row may attend.
+        const int64_t nb = imin(nk, end_max[lb] - t0);
+        if (nb <= 0) continue;
+        const int nv = static_cast<int>(ceil_div(n_rows, kW));
+        dispatch_block<kMaxNV>(phase, nv, c, s, lb, r_first, n_rows, end_min[lb], kp, kst, vp, vst, nb);
       }
-      const int64_t r_first = r0 + lb * kLB;
-      const int64_t n_rows = imin(kLB, r0 + rn - r_first);
-      // Keys of this tile that the block's most-seeing row may attend.
-      const int64_t nb = imin(nk, end_max[lb] - t0);
-      if (nb <= 0) continue;
-      const int nv = static_cast<int>(ceil_div(n_rows, kW));
-      dispatch_block<kMaxNV>(nv, c, s, lb, r_first, n_rows, end_min[lb], kp, kst, vp, vst, nb);
     }
   }
 
