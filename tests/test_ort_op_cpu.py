@@ -58,6 +58,8 @@ MASK_SHAPES = [
     (4, (1, 4, 7, 13)),
     (4, (2, 4, 1, 1)),
     (2, (7, 1)),
+    (4, (2, 1, 1, 13)),  # padding mask: one value per key for every head and row
+    (2, (1, 13)),
 ]
 
 

@@ -334,7 +334,28 @@ static void process_block(int phase, const ItemCtx& c, const Scratch& s, int64_t
       }
   }
 
-  if (p.mask_kind != MaskKind::kNone) {
+  if (p.mask_kind != MaskKind::kNone && p.mask_stride[1] == 0 && p.mask_stride[2] == 0) {
+    // A padding-style mask (one value per key, the same for every head and query row, e.g.
+    // (B, 1, 1, Sk)): every lane of a key's row of sT gets the same value, so whole vectors.
+    const int64_t* ms = p.mask_stride;
+    const int64_t row = c.b * ms[0] + c.t0 * ms[3];
+    for (int64_t j = 0; j < nk; ++j) {
+      if (p.mask_kind == MaskKind::kBool) {
+        if (static_cast<const uint8_t*>(p.mask)[row + j * ms[3]] != 0) continue;
+        const Vec hidden = vset1(kNegInf);
+        for (int cc = 0; cc < NV; ++cc) vstore(sT + j * kLB + cc * kW, hidden);
+        continue;
+      }
+      const int64_t at = row + j * ms[3];
+      const float add = to_log2_units(p.dtype == DType::kFloat32 ? static_cast<const float*>(p.mask)[at]
+                                                                  : load_elem(p.mask, at, p.dtype));
+      const Vec a = vset1(add);
+      for (int cc = 0; cc < NV; ++cc) {
+        float* x = sT + j * kLB + cc * kW;
+        vstore(x, vadd(vload(x), a));
+      }
+    }
+  } else if (p.mask_kind != MaskKind::kNone) {
     const int64_t* ms = p.mask_stride;
     const int64_t base = c.b * ms[0] + c.t0 * ms[3];
     for (int64_t r = 0; r < n_rows; ++r) {
