@@ -19,24 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from opsfuse.bench.cpu import ISA_CPU_FLAGS as _NEEDS
+from opsfuse.bench.cpu import cpu_flags as _cpu_flags
+
 HERE = Path(__file__).resolve().parent
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-_NEEDS = {
-    "baseline": set(),
-    "avx2": {"avx2", "fma", "f16c"},
-    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"},
-}
 
 # (b, hq, hkv, sq, sk, d, dv, dtype, mask, causal, key_lengths, softcap, scale); mask is None,
 # "bool" or "add" followed by its shape.

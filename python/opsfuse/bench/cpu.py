@@ -156,16 +156,20 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+# The CPU flags each compiled kernel variant needs (plugin/cpu/attention_cpu.cc checks the same).
+ISA_CPU_FLAGS = {
+    "baseline": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"},
+}
+
+
 def kernel_isa() -> str:
     """The kernel the library picks on this CPU (the same rule as plugin/cpu/attention_cpu.cc)."""
     f = cpu_flags()
-    best = "baseline"
-    if {"avx2", "fma", "f16c"} <= f:
-        best = "avx2"
-    if {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"} <= f:
-        best = "avx512"
-    forced = os.environ.get("OPSFUSE_CPU_ISA")
     order = ("baseline", "avx2", "avx512")
+    best = [isa for isa in order if ISA_CPU_FLAGS[isa] <= f][-1]
+    forced = os.environ.get("OPSFUSE_CPU_ISA")
     if forced in order and order.index(forced) < order.index(best):
         return forced
     return best
