@@ -283,12 +283,12 @@ struct ItemCtx {
 };
 
 // An additive mask value in the log2 units the softmax works in. A finite value stays finite
-// (a row of float-min masks is the softmax of finite values, not a masked row).
+// (a row of float-min masks is the softmax of finite values, not a masked row); -inf, +inf and
+// NaN pass through. Branch-free, so the per-row mask loop below vectorizes.
 static inline float to_log2_units(float m) {
-  const float x = static_cast<float>(m * kLog2e);
-  if (x == kNegInf && m != kNegInf) return -kFloatMax;
-  if (x == -kNegInf && m != -kNegInf) return kFloatMax;
-  return x;
+  const float x = m * static_cast<float>(kLog2e);
+  const float clamped = x > kFloatMax ? kFloatMax : (x < -kFloatMax ? -kFloatMax : x);
+  return __builtin_fabsf(m) <= kFloatMax ? clamped : x;
 }
 
 // One past the last key query position i may attend.
@@ -356,20 +356,24 @@ static void process_block(int phase, const ItemCtx& c, const Scratch& s, int64_t
       }
     }
   } else if (p.mask_kind != MaskKind::kNone) {
+    // A mask that varies per row: keys outer and rows inner, so each key's row of sT is written
+    // contiguously and the compiler can gather a vector of rows at once.
     const int64_t* ms = p.mask_stride;
     const int64_t base = c.b * ms[0] + c.t0 * ms[3];
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t row = base + row_head(c, r_first + r) * ms[1] + row_pos(c, r_first + r) * ms[2];
-      float* col = sT + r;
+    int64_t row_offset[kLB];
+    for (int64_t r = 0; r < n_rows; ++r)
+      row_offset[r] = base + row_head(c, r_first + r) * ms[1] + row_pos(c, r_first + r) * ms[2];
+    for (int64_t j = 0; j < nk; ++j) {
+      float* dst = sT + j * kLB;
+      const int64_t key = j * ms[3];
       if (p.mask_kind == MaskKind::kBool) {
-        const uint8_t* m = static_cast<const uint8_t*>(p.mask) + row;
-        for (int64_t j = 0; j < nk; ++j)
-          if (m[j * ms[3]] == 0) col[j * kLB] = kNegInf;
+        const uint8_t* m = static_cast<const uint8_t*>(p.mask) + key;
+        for (int64_t r = 0; r < n_rows; ++r) dst[r] = m[row_offset[r]] != 0 ? dst[r] : kNegInf;
       } else if (p.dtype == DType::kFloat32) {
-        const float* m = static_cast<const float*>(p.mask) + row;
-        for (int64_t j = 0; j < nk; ++j) col[j * kLB] += to_log2_units(m[j * ms[3]]);
+        const float* m = static_cast<const float*>(p.mask) + key;
+        for (int64_t r = 0; r < n_rows; ++r) dst[r] += to_log2_units(m[row_offset[r]]);
       } else {
-        for (int64_t j = 0; j < nk; ++j) col[j * kLB] += to_log2_units(load_elem(p.mask, row + j * ms[3], p.dtype));
+        for (int64_t r = 0; r < n_rows; ++r) dst[r] += to_log2_units(load_elem(p.mask, row_offset[r] + key, p.dtype));
       }
     }
   }
