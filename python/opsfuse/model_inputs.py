@@ -21,6 +21,15 @@ DEFAULT_DIM = 16
 _INDEX_PASSTHROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"}
 
 
+def add_input_arguments(parser, purpose: str = "the generated inputs") -> None:
+    """The --shape and --seed options every command that generates inputs takes (parse the
+    --shape values with parse_shape_args)."""
+    parser.add_argument("--shape", action="append", default=[], metavar="NAME:D0xD1|DIM=N",
+                        help=f"shape of an input (input_ids:1x128) or a symbolic dim (seq=128) for {purpose}; "
+                             "repeatable")
+    parser.add_argument("--seed", type=int, default=0, help=f"seed of {purpose}")
+
+
 def parse_shape_args(items: Iterable[str] | None) -> dict:
     """['input_ids:1x128', 'seq=128'] -> {'input_ids': (1, 128), 'seq': 128}."""
     shapes: dict = {}

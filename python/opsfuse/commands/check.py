@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..model_inputs import add_input_arguments
+
 HELP = "compare ONNX Runtime / TensorRT / the original model against the Triton golden (Polygraphy)"
 
 
@@ -31,9 +33,7 @@ def register(subparsers) -> None:
                    help="also check each FusedAttention node on the exact inputs it sees inside the model "
                         "(and against the original model's value with --original), naming failing nodes")
     p.add_argument("--inputs", metavar="INPUTS.json", help="Polygraphy input file (list of feed dicts)")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME:D0xD1|DIM=N",
-                   help="shape of a generated input (input_ids:1x128) or a symbolic dim (seq=128); repeatable")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
+    add_input_arguments(p)
     p.add_argument("--save-results", metavar="PATH",
                    help="save every runner's outputs, the golden's included, as Polygraphy RunResults "
                         "(`polygraphy run --load-outputs PATH` compares them again)")

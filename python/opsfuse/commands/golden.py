@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..model_inputs import add_input_arguments
+
 HELP = "golden outputs of a model: FusedAttention computed by the Triton reference kernel"
 
 
@@ -18,9 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--inputs", metavar="INPUTS.json",
                    help="Polygraphy input file (a list of feed dicts, e.g. from "
                         "`polygraphy run --save-inputs`); default: generated from the model's inputs")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME:D0xD1|DIM=N",
-                   help="shape of a generated input (input_ids:1x128) or a symbolic dim (seq=128); repeatable")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
+    add_input_arguments(p)
     p.add_argument("--save-inputs", metavar="PATH",
                    help="where to save generated inputs (default: OUTPUT with _inputs.json)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..model_inputs import add_input_arguments
+
 HELP = "fuse the attention subgraphs of an ONNX model into FusedAttention nodes"
 
 
@@ -19,9 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--verify", action="store_true",
                    help="run the original and the rewritten model in ONNX Runtime (CPU, opsfuse library) on "
                         "random inputs and fail if outputs differ beyond a dtype-aware tolerance")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME:D0xD1|DIM=N",
-                   help="input shape for --verify (e.g. input_ids:1x128) or a symbolic dim (seq=128); repeatable")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --verify inputs")
+    add_input_arguments(p, "the --verify inputs")
     p.add_argument("--overwrite", "--force", dest="overwrite", action="store_true",
                    help="allow OUTPUT to be the input file itself")
     p.add_argument("--external-data", choices=("auto", "yes", "no"), default="auto",
