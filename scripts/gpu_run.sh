@@ -5,12 +5,13 @@
 #   3. build + install the package (pip, no build isolation; falls back to plain CMake)
 #   4. plugin/cuda/tools/attention_cuda_check, then `pytest -m gpu tests/` (which also runs
 #      compute-sanitizer memcheck + racecheck over the check driver)
-#   5. `python -m opsfuse bench --device cuda`
+#   5. `python -m opsfuse bench --device cuda`, then the BERT-base end-to-end benchmark
+#      (`python -m opsfuse.bench.bert`, stage `bert`: needs onnxruntime-gpu)
 # Everything lands in OUTDIR: summary.txt, logs.tar.gz (every log), and the benchmark's
 # cuda_bench.{json,md,png}. Each stage's exit status is in summary.txt; the script goes on after a
 # failed stage where the next one can still say something.
 #
-# usage: scripts/gpu_run.sh OUTDIR [--stages env,ort,build,test,bench] [--quick]
+# usage: scripts/gpu_run.sh OUTDIR [--stages env,ort,build,test,bench,bert] [--quick]
 #   CUDA_ARCHS  CMAKE_CUDA_ARCHITECTURES for this build (default: the GPU's own, e.g. 90-real)
 #   BUILD_DIR   build folder (default /tmp/opsfuse-gpu-build; reused when it exists)
 #   PYTEST_ARGS extra pytest arguments (e.g. "-k binding"); PYTEST_WORKERS xdist workers (8)
@@ -19,12 +20,12 @@
 set -u -o pipefail
 
 if [ $# -lt 1 ]; then
-  echo "usage: $0 OUTDIR [--stages env,ort,build,test,bench] [--quick]" >&2
+  echo "usage: $0 OUTDIR [--stages env,ort,build,test,bench,bert] [--quick]" >&2
   exit 2
 fi
 OUTDIR=$(mkdir -p "$1" && cd "$1" && pwd)
 shift
-STAGES="env,ort,build,test,bench"
+STAGES="env,ort,build,test,bench,bert"
 QUICK=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -93,6 +94,10 @@ build() {
   echo "CMAKE_CUDA_ARCHITECTURES=$archs"
   export ONNXRUNTIME_ROOT=${ONNXRUNTIME_ROOT:-$REPO/.ortinc}
   [ -d "$ONNXRUNTIME_ROOT" ] || unset ONNXRUNTIME_ROOT
+  # TensorRT's public headers (no TensorRT runtime exists there): the plugin and its IPluginV3
+  # driver test build against them when a copy is carried in .trtinc.
+  export TENSORRT_ROOT=${TENSORRT_ROOT:-$REPO/.trtinc}
+  [ -d "$TENSORRT_ROOT/include" ] || unset TENSORRT_ROOT
   local t0=$(date +%s)
   if $PY -m pip install --no-build-isolation --no-deps -v . \
       -C build-dir="$BUILD_DIR" \
@@ -143,6 +148,13 @@ if want bench; then
     [ -f "$OUTDIR/bench/$f" ] && cp "$OUTDIR/bench/$f" "$OUTDIR/$f"
   done
   rm -rf "$OUTDIR/bench"
+fi
+if want bert; then
+  stage bert $PY -m opsfuse.bench.bert --out "$OUTDIR/bert" --device cuda $QUICK
+  for f in bert_e2e.json bert_e2e.md; do
+    [ -f "$OUTDIR/bert/$f" ] && cp "$OUTDIR/bert/$f" "$OUTDIR/$f"
+  done
+  rm -rf "$OUTDIR/bert"
 fi
 tar -czf "$OUTDIR/logs.tar.gz" -C "$OUTDIR" logs && rm -rf "$LOGS"
 note "done $(date -u '+%H:%M:%S UTC')"
