@@ -86,8 +86,8 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 // device's multiprocessor count only (never on data), so workspace_size() and launch() agree.
 //  - float32 -> the SIMT kernel (true float32).
 //  - float16 / bfloat16 with at most 16 rows per (batch, kv head) -- decoding, where the GQA
-//    packing puts the group's query heads into one tile -- and D, Dv <= 128 -> one-warp decode
-//    tiles (16 rows), so a block does not waste a 128-row tile on 1..16 real rows.
+//    packing puts the group's query heads into one tile -- and D, Dv <= 128 -> the decode kernel
+//    (flash_decode.cuh: 16 rows, 4 warps sharing each 64-key tile, a 2..4-deep K/V ring).
 //  - otherwise the prefill tiles of the head-size bucket.
 //  Split-KV: decode tiles split the keys so that the grid fills every resident block slot once
 //  (memory bound: bytes in flight matter, and a second partial wave would idle most of the chip);
@@ -111,6 +111,10 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev) {
     tile = decode ? detail::kTcDecodeTile
                   : (plan.bucket == 64 ? detail::kTcTile64 : (plan.bucket == 128 ? detail::kTcTile128 : detail::kTcTile256));
     smem_block = 2 * (tile.block_m + 2 * tile.block_n) * (plan.bucket + 8);
+  }
+  if (plan.kind == KernelKind::kTensorCoreDecode) {  // flash_decode.cuh: a ring of K/V stages
+    plan.stages = detail::decode_stages(plan.bucket, dev.smem_per_sm);
+    smem_block = detail::decode_smem_bytes(plan.bucket, plan.stages);
   }
   plan.block_m = tile.block_m;
   plan.block_n = tile.block_n;

@@ -52,6 +52,7 @@ struct Plan {
   int block_m = 128;    // query rows per block
   int block_n = 64;     // keys per tile
   int num_splits = 1;   // > 1: split-KV with a combine pass
+  int stages = 2;       // decode kernel: depth of its K/V cp.async ring (decode_stages)
   int row_tiles = 0;    // ceil(rows / block_m)
 };
 
@@ -82,9 +83,23 @@ struct TileShape {
 constexpr TileShape kTcTile64{128, 64, 4, 2};     // 246 registers
 constexpr TileShape kTcTile128{128, 32, 4, 2};    // 236 registers (128x64: 255 + 56 B of spill)
 constexpr TileShape kTcTile256{64, 32, 4, 2};     // 232 registers
-constexpr TileShape kTcDecodeTile{16, 64, 1, 8};  // 1 warp, <= 208 registers
+constexpr TileShape kTcDecodeTile{16, 64, 4, 3};  // flash_decode.cuh: 4 warps x 16 of 64 keys, 162 registers
 constexpr TileShape kF32Tile64{64, 64, 4, 3};     // 165 registers
 constexpr TileShape kF32Tile128{64, 32, 4, 2};    // 193 registers
 constexpr TileShape kF32Tile256{32, 16, 4, 4};    // 128 registers
+
+// Decode kernel (flash_decode.cuh): shared memory of one block (Q tile + a ring of `stages` K and V
+// tiles, rows padded by 16 bytes), and the ring depth for a device: the deepest of 2..4 that keeps
+// two blocks resident per multiprocessor (H100/H200: 3 at D=128, 4 at D=64; A100: 2 at D=128),
+// else 2 (74 KB at D=128: within every sm_80+ per-block limit).
+constexpr int kDecodeMaxStages = 4;
+__host__ __device__ constexpr int decode_smem_bytes(int bucket, int stages) {
+  return (kTcDecodeTile.block_m + 2 * stages * kTcDecodeTile.block_n) * (bucket + 8) * 2;
+}
+inline int decode_stages(int bucket, int smem_per_sm) {
+  for (int s = kDecodeMaxStages; s > 2; --s)
+    if (smem_per_sm / (decode_smem_bytes(bucket, s) + 1024) >= 2) return s;
+  return 2;
+}
 
 }  // namespace opsfuse::cuda::detail

@@ -1,4 +1,4 @@
-// Instantiation: tensor-core kernel, __half, head-size bucket 64 (prefill and decode tiles).
+// Instantiation: tensor-core kernel, __half, head-size bucket 64 (prefill tiles; decode: dec_*.cu).
 // One file per (dtype, bucket) so that ninja compiles them in parallel.
 #include "flash_tc.cuh"
 
@@ -6,11 +6,6 @@ namespace opsfuse::cuda::detail {
 
 cudaError_t run_tc_f16_d64(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   constexpr TileShape t = kTcTile64;
-  return launch_flash_tc<__half, 64, t.block_m, t.block_n, t.warps>(a, plan, stream);
-}
-
-cudaError_t run_tcdec_f16_d64(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr TileShape t = kTcDecodeTile;
   return launch_flash_tc<__half, 64, t.block_m, t.block_n, t.warps>(a, plan, stream);
 }
 

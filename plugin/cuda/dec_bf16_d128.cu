@@ -1,0 +1,11 @@
+// Instantiation: decode kernel (flash_decode.cuh), __nv_bfloat16, head-size bucket 128.
+// One file per (dtype, bucket) so that ninja compiles them in parallel.
+#include "flash_decode.cuh"
+
+namespace opsfuse::cuda::detail {
+
+cudaError_t run_tcdec_bf16_d128(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  return dec::launch_flash_decode<__nv_bfloat16, 128>(a, plan, stream);
+}
+
+}  // namespace opsfuse::cuda::detail

@@ -1,0 +1,383 @@
+// Internal to plugin/cuda: the decode kernel for float16 / bfloat16 (at most 16 query rows per
+// (batch, kv head): Sq small, the GQA group's heads packed into one m16 tile, D and Dv <= 128).
+//
+// Decode is memory bound: every byte of K and V is read once and used by <= 16 rows, so what
+// matters is how many bytes each multiprocessor keeps in flight (Little's law: ~4 TB/s x ~1-2 us
+// of loaded latency spread over 132 SMs -> 32-64 KB per SM). The kernel therefore:
+//  - runs one block of 4 warps per (batch, kv head, KV split); the block streams key tiles of
+//    kBN = 64 keys (K and V, 16-byte cp.async, coalesced: 16 consecutive threads read one row)
+//    through a ring of `stages` (2..4, chosen by the launcher from the device's shared memory)
+//    buffers, so stages-1 tiles are in flight while one is computed;
+//  - splits every tile between the warps (warp w takes keys [16w, 16w + 16)): each warp keeps its
+//    own online-softmax state (running max / sum of its 16 rows, O in registers) and does
+//    S = Q K^T (m16n8k16, Q fragments in registers) and O += P V on its 16 keys;
+//  - merges the 4 warps' states through shared memory at the end, in a fixed order
+//    (deterministic), and writes Y or the split partials that combine_splits_kernel reads
+//    (part_o unnormalized relative to part_ml's max in the log2 domain, part_ml = (max, sum)).
+// The score contract (scale, softcap, mask, causal, key_lengths) and the GQA row packing are the
+// ones of kernel_common.cuh; rows past a.rows are computed on zero Q and never stored.
+#pragma once
+
+#include "kernel_common.cuh"
+
+namespace opsfuse::cuda::detail {
+namespace dec {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBM = 16;             // rows of the tile (one m16 tile)
+constexpr int kBN = kWarps * 16;    // keys per pipeline stage, 16 per warp
+constexpr int kMaxStages = kDecodeMaxStages;
+static_assert(kBM == kTcDecodeTile.block_m && kBN == kTcDecodeTile.block_n && kWarps == kTcDecodeTile.warps,
+              "kTcDecodeTile (kernel_args.h) must describe this kernel");
+
+// Shared memory of one block: Q (kBM rows) + `stages` x (K and V tiles of kBN rows), pitch kD + 8.
+__host__ __device__ constexpr int smem_bytes(int d_bucket, int stages) { return decode_smem_bytes(d_bucket, stages); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; bytes beyond `src_bytes` (0..16) are zero-filled.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `pending` (0..kMaxStages-2) of this thread's groups are still in flight.
+__device__ __forceinline__ void cp_async_wait(int pending) {
+  if (pending >= 2)
+    asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  else if (pending == 1)
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  else
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+static_assert(kMaxStages - 2 <= 2, "cp_async_wait covers at most 2 pending groups");
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c (16x8 f32) += a (16x16, row) * b (16x8, col)
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x0, float x1) {
+  T tmp[2] = {from_float<T>(x0), from_float<T>(x1)};
+  return *reinterpret_cast<const uint32_t*>(tmp);
+}
+
+// Copies kRows rows of kD 16-bit elements to shared memory (pitch kD + 8). Row r comes from
+// base + (n0 + r) * stride when n0 + r < n_end, else it is zero-filled; columns >= ncols are
+// zero-filled. vec: 16-byte cp.async (aligned rows); else synchronous element loads.
+template <int kD, int kRows>
+__device__ __forceinline__ void load_rows(uint16_t* smem, const uint16_t* base, int64_t stride, int n0, int n_end,
+                                          int ncols, bool vec) {
+  constexpr int kChunks = kD / 8;                 // 16-byte chunks per row
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRows % kRowsPerPass == 0, "load shape");
+  constexpr int kPitch = kD + 8;
+  const int c = (threadIdx.x % kChunks) * 8;
+  const int r0 = threadIdx.x / kChunks;
+  int n = ncols - c;
+  n = n < 0 ? 0 : (n > 8 ? 8 : n);
+  if (vec) {
+#pragma unroll
+    for (int p = 0; p < kRows / kRowsPerPass; ++p) {
+      const int r = r0 + p * kRowsPerPass;
+      const bool in = n0 + r < n_end && n > 0;
+      const uint16_t* src = in ? base + static_cast<int64_t>(n0 + r) * stride + c : base;
+      cp_async_16(smem + r * kPitch + c, src, in ? n * 2 : 0);
+    }
+  } else {
+    for (int p = 0; p < kRows / kRowsPerPass; ++p) {
+      const int r = r0 + p * kRowsPerPass;
+      const bool in = n0 + r < n_end;
+      const uint16_t* src = base + static_cast<int64_t>(in ? n0 + r : 0) * stride + c;
+      uint16_t* dst = smem + r * kPitch + c;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = (in && e < n) ? src[e] : uint16_t(0);
+    }
+  }
+}
+
+// grid (batch * heads_kv, 1, num_splits), kThreads threads, smem_bytes(kD, stages) dynamic bytes.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs a, const int stages) {
+  constexpr int kPitch = kD + 8;  // +16 bytes per row: ldmatrix's 8 row addresses hit distinct banks
+  constexpr int kKS = kD / 16;    // k-steps of Q K^T
+  constexpr int kOT = kD / 8;     // n8 tiles of O
+  constexpr int kStage = 2 * kBN * kPitch;  // elements of one ring stage (K then V)
+  static_assert(kD % 16 == 0 && kD <= 128, "decode head-size bucket");
+
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* sQ = smem;                // [kBM][kPitch]
+  uint16_t* sRing = smem + kBM * kPitch;  // stages x {K [kBN][kPitch], V [kBN][kPitch]}
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int bh = blockIdx.x;
+  const int b = bh / a.heads_kv, hk = bh % a.heads_kv;
+  const int len = key_length_of(a, b);
+  const int n_rows = a.rows < kBM ? a.rows : kBM;  // the launcher guarantees a.rows <= kBM
+  const KeyRange kr = key_range(a, 0, n_rows - 1, len);
+  const int n_tiles = (kr.n_end + kBN - 1) / kBN;
+  // Even split of the tiles: split z takes [z * n / S, (z + 1) * n / S).
+  const int t_begin = static_cast<int>(static_cast<int64_t>(blockIdx.z) * n_tiles / a.num_splits);
+  const int t_end = static_cast<int>(static_cast<int64_t>(blockIdx.z + 1) * n_tiles / a.num_splits);
+
+  const uint16_t* kbase = static_cast<const uint16_t*>(a.k) + b * a.k_stride[0] + hk * a.k_stride[1];
+  const uint16_t* vbase = static_cast<const uint16_t*>(a.v) + b * a.v_stride[0] + hk * a.v_stride[1];
+  const bool vec = a.vec_loads != 0;
+
+  // Q: row r is query head hk * group + r / Sq at position r % Sq; rows >= n_rows are zero.
+  {
+    constexpr int kChunks = kD / 8;
+    const uint16_t* qbase = static_cast<const uint16_t*>(a.q) + b * a.q_stride[0];
+    for (int idx = tid; idx < kBM * kChunks; idx += kThreads) {
+      const int r = idx / kChunks, c = (idx % kChunks) * 8;
+      int n = a.head_dim - c;
+      n = r < n_rows ? (n < 0 ? 0 : (n > 8 ? 8 : n)) : 0;
+      const int g = r < n_rows ? r / a.seq_q : 0, i = r < n_rows ? r - g * a.seq_q : 0;
+      const uint16_t* src = qbase + (hk * a.group + g) * a.q_stride[1] + i * a.q_stride[2] + c;
+      uint16_t* dst = sQ + r * kPitch + c;
+      if (vec) {
+        cp_async_16(dst, n > 0 ? static_cast<const void*>(src) : a.q, n * 2);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dst[e] = e < n ? src[e] : uint16_t(0);
+      }
+    }
+  }
+  auto load_tile = [&](int t) {
+    uint16_t* sK = sRing + ((t - t_begin) % stages) * kStage;
+    const int n0 = t * kBN;
+    load_rows<kD, kBN>(sK, kbase, a.k_stride[2], n0, kr.n_end, a.head_dim, vec);
+    load_rows<kD, kBN>(sK + kBN * kPitch, vbase, a.v_stride[2], n0, kr.n_end, a.head_dim_v, vec);
+  };
+  // Prologue: Q joins the first group; stages-1 tiles in flight (empty groups keep the count).
+  for (int s = 0; s < stages - 1; ++s) {
+    if (t_begin + s < t_end) load_tile(t_begin + s);
+    cp_async_commit();
+  }
+
+  // This thread's rows in the mma C layout: h -> row lane / 4 + 8 h.
+  int key_limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) key_limit[h] = make_row(a, b, hk, lane / 4 + 8 * h, len).key_limit;
+
+  float o[kOT][4];
+#pragma unroll
+  for (int nt = 0; nt < kOT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  const int d_steps = (a.head_dim + 15) / 16;     // k-steps of Q K^T that hold real columns
+  const int dv_pairs = (a.head_dim_v + 15) / 16;  // pairs of n8 output tiles that hold real columns
+  const bool elementwise = a.mask_kind != 0 || a.softcap > 0.0f;
+  const int kw = warp * 16;  // this warp's first key within a tile
+
+  uint32_t qf[kKS][4];
+  for (int t = t_begin; t < t_end; ++t) {
+    cp_async_wait(stages - 2);  // tile t (and Q) landed for this thread's copies
+    __syncthreads();            // ... for every thread's; everyone is done with tile t-1's stage
+    if (t + stages - 1 < t_end) load_tile(t + stages - 1);
+    cp_async_commit();
+
+    if (t == t_begin) {
+#pragma unroll
+      for (int kk = 0; kk < kKS; ++kk)
+        ldmatrix_x4(qf[kk], sQ + (lane % 16) * kPitch + kk * 16 + (lane / 16) * 8);
+    }
+    const uint16_t* sK = sRing + ((t - t_begin) % stages) * kStage;
+    const uint16_t* sV = sK + kBN * kPitch;
+
+    // S = Q K^T on this warp's 16 keys: s[nt][e] is row lane/4 + 8(e/2), key kw + 8 nt + 2(lane%4) + e%2.
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk) {
+      if (kk < d_steps) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, sK + (kw + (lane / 16) * 8 + lane % 8) * kPitch + kk * 16 + ((lane / 8) % 2) * 8);
+        mma_16816<T>(s[0], qf[kk], bf[0], bf[1]);
+        mma_16816<T>(s[1], qf[kk], bf[2], bf[3]);
+      }
+    }
+
+    // Scores in the log2 domain; the contract element by element only where the tile needs it.
+    const int j0 = t * kBN + kw + (lane % 4) * 2;
+    if (elementwise) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const RowInfo ri = make_row(a, b, hk, lane / 4 + 8 * h, len);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) s[nt][e] = full_score<T>(a, s[nt][e], ri, j0 + nt * 8 + (e & 1));
+      }
+    } else if ((t + 1) * kBN > kr.all_visible) {  // causal / key_lengths boundary tile
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[nt][e] = j0 + nt * 8 + (e & 1) < key_limit[e >> 1] ? s[nt][e] * a.scale_log2 : -INFINITY;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= a.scale_log2;
+    }
+
+    // Online softmax of this warp's 16 keys: row h is spread over the 4 lanes of a quad.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(m_run[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
+      const float alpha = exp2f(m_run[h] - base);
+      m_run[h] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+        s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+        sum += s[nt][2 * h] + s[nt][2 * h + 1];
+      }
+      l_run[h] = l_run[h] * alpha + sum;
+#pragma unroll
+      for (int nt = 0; nt < kOT; ++nt) {
+        o[nt][2 * h] *= alpha;
+        o[nt][2 * h + 1] *= alpha;
+      }
+    }
+    uint32_t pf[4];
+    pf[0] = pack2<T>(s[0][0], s[0][1]);
+    pf[1] = pack2<T>(s[0][2], s[0][3]);
+    pf[2] = pack2<T>(s[1][0], s[1][1]);
+    pf[3] = pack2<T>(s[1][2], s[1][3]);
+
+    // O += P V on this warp's 16 keys.
+#pragma unroll
+    for (int np = 0; np < kD / 16; ++np) {
+      if (np < dv_pairs) {
+        uint32_t bf[4];
+        ldmatrix_x4_trans(bf, sV + (kw + lane % 8 + ((lane / 8) % 2) * 8) * kPitch + np * 16 + (lane / 16) * 8);
+        mma_16816<T>(o[2 * np], pf, bf[0], bf[1]);
+        mma_16816<T>(o[2 * np + 1], pf, bf[2], bf[3]);
+      }
+    }
+  }
+  cp_async_wait(0);
+  __syncthreads();  // the ring is free: reuse it (and sQ) for the merge of the warps
+
+  // Merge the 4 warps' (max, sum, O) in a fixed order. Floats: sO [kWarps][kBM][kD + 8], then
+  // sM, sL, sW [kWarps][kBM], then the row's max and sum [kBM] each.
+  constexpr int kOPitch = kD + 8;  // float2 stores of a half warp (4 rows) hit 32 distinct banks
+  static_assert((kWarps * kBM * kOPitch + 3 * kWarps * kBM + 2 * kBM) * 4 <= smem_bytes(kD, 2),
+                "the merge fits in the smallest ring");
+  float* sO = reinterpret_cast<float*>(smem);
+  float* sM = sO + kWarps * kBM * kOPitch;
+  float* sL = sM + kWarps * kBM;
+  float* sW = sL + kWarps * kBM;
+  float* sRowM = sW + kWarps * kBM;
+  float* sRowL = sRowM + kBM;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = lane / 4 + 8 * h;
+    if (lane % 4 == 0) {
+      sM[warp * kBM + r] = m_run[h];
+      sL[warp * kBM + r] = l;
+    }
+    float* orow = sO + (warp * kBM + r) * kOPitch + (lane % 4) * 2;
+#pragma unroll
+    for (int nt = 0; nt < kOT; ++nt)
+      *reinterpret_cast<float2*>(orow + nt * 8) = make_float2(o[nt][2 * h], o[nt][2 * h + 1]);
+  }
+  __syncthreads();
+  if (tid < kBM) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sM[w * kBM + tid]);
+    const float base = mx == -INFINITY ? 0.0f : mx;
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float wt = exp2f(sM[w * kBM + tid] - base);
+      sW[w * kBM + tid] = wt;
+      l += wt * sL[w * kBM + tid];
+    }
+    sRowM[tid] = mx;
+    sRowL[tid] = l;
+  }
+  __syncthreads();
+
+  const int dv = a.head_dim_v;
+  for (int idx = tid; idx < n_rows * kD; idx += kThreads) {
+    const int r = idx / kD, c = idx % kD;
+    if (c >= dv) continue;
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc += sW[w * kBM + r] * sO[(w * kBM + r) * kOPitch + c];
+    const int g = r / a.seq_q, i = r - g * a.seq_q, head = hk * a.group + g;
+    if (a.num_splits == 1) {
+      const float l = sRowL[r];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // fully masked row -> 0
+      T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + head * a.y_stride[1] + i * a.y_stride[2];
+      yrow[c] = from_float<T>(acc * inv);
+    } else {
+      const int64_t grow = (static_cast<int64_t>(b) * a.heads_q + head) * a.seq_q + i;
+      split_o_row(a, grow)[c] = acc;
+      if (c == 0) store_split_ml(a, grow, sRowM[r], sRowL[r]);
+    }
+  }
+}
+
+template <typename T, int kD>
+cudaError_t launch_flash_decode(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  if (a.rows > kBM || plan.stages < 2 || plan.stages > kMaxStages) return cudaErrorInvalidValue;
+  const int bytes = smem_bytes(kD, plan.stages);
+  static int smem_done[kMaxStages + 1][64] = {};
+  auto kernel = flash_decode_kernel<T, kD>;
+  cudaError_t err = ensure_smem(kernel, bytes, smem_done[plan.stages]);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(a.batch) * a.heads_kv, 1, plan.num_splits);
+  kernel<<<grid, kThreads, bytes, stream>>>(a, plan.stages);
+  return cudaGetLastError();
+}
+
+}  // namespace dec
+}  // namespace opsfuse::cuda::detail
