@@ -110,7 +110,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev) {
     plan.kind = decode ? KernelKind::kTensorCoreDecode : KernelKind::kTensorCore;
     tile = decode ? detail::kTcDecodeTile
                   : (plan.bucket == 64 ? detail::kTcTile64 : (plan.bucket == 128 ? detail::kTcTile128 : detail::kTcTile256));
-    smem_block = 2 * (tile.block_m + 2 * tile.block_n) * (plan.bucket + 8);
+    smem_block = 2 * (tile.block_m + 2 * tile.stages * tile.block_n) * (plan.bucket + 8);
   }
   if (plan.kind == KernelKind::kTensorCoreDecode) {  // flash_decode.cuh: a ring of K/V stages
     plan.stages = detail::decode_stages(plan.bucket, dev.smem_per_sm);

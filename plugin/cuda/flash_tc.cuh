@@ -28,6 +28,13 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
+// 2^x on the special function unit, denormal results flushed to 0; ex2(-inf) = +0 (masked keys).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -93,8 +100,13 @@ __device__ __forceinline__ void load_tile(uint16_t* smem, RowSrc row_src, int nc
   }
 }
 
-template <typename T, int kD, int kBM, int kBN, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs a) {
+// kStages = 1: one K and one V buffer (V(j) loads during S(j), K(j+1) during P(j)V(j); two
+// barriers per tile): the small-footprint form the 1-warp decode tile uses.
+// kStages = 2: a K/V ring of two stages: K(j+1) and V(j+1) are issued at the top of tile j and land
+// during all of tile j's math; one barrier per tile (the prefill tiles).
+// kMinBlocks: resident blocks per multiprocessor that the register allocation must allow.
+template <typename T, int kD, int kBM, int kBN, int kWarps, int kStages = 1, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const KernelArgs a) {
   constexpr int kThreads = kWarps * 32;
   constexpr int kMT = kBM / (16 * kWarps);  // m16 tiles per warp
   constexpr int kNT = kBN / 8;              // n8 tiles of S per warp
@@ -102,11 +114,11 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
   constexpr int kPitch = kD + 8;            // +16 bytes per row: ldmatrix rows hit distinct banks
   constexpr bool kQInRegs = kMT * (kD / 16) * 4 <= 32;
   static_assert(kBM % (16 * kWarps) == 0 && kBN % 16 == 0 && kD % 16 == 0, "tile shape");
+  static_assert(kStages == 1 || kStages == 2, "stages");
 
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* sQ = smem;                  // [kBM][kPitch]
-  uint16_t* sK = sQ + kBM * kPitch;     // [kBN][kPitch]
-  uint16_t* sV = sK + kBN * kPitch;     // [kBN][kPitch]
+  uint16_t* const sQ = smem;                  // [kBM][kPitch]
+  uint16_t* const sKV = sQ + kBM * kPitch;    // per stage: K [kBN][kPitch], then V [kBN][kPitch]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n_rt = (a.rows + kBM - 1) / kBM;
@@ -143,21 +155,26 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
     const int g = gr / a.seq_q, i = gr - g * a.seq_q;
     return qbase + b * a.q_stride[0] + (hk * a.group + g) * a.q_stride[1] + i * a.q_stride[2];
   };
-  auto load_k = [&](int t) {
+  auto stage_k = [&](int st) { return sKV + st * (2 * kBN * kPitch); };
+  auto stage_v = [&](int st) { return sKV + st * (2 * kBN * kPitch) + kBN * kPitch; };
+  auto load_k = [&](int t, int st) {
     const int n0 = t * kBN;
     load_tile<kD, kPitch, kBN, kThreads>(
-        sK, [&](int r) -> const uint16_t* { return n0 + r < kr.n_end ? kbase + (n0 + r) * a.k_stride[2] : nullptr; },
+        stage_k(st), [&](int r) -> const uint16_t* { return n0 + r < kr.n_end ? kbase + (n0 + r) * a.k_stride[2] : nullptr; },
         a.head_dim, vec, a.k);
   };
-  auto load_v = [&](int t) {
+  auto load_v = [&](int t, int st) {
     const int n0 = t * kBN;
     load_tile<kD, kPitch, kBN, kThreads>(
-        sV, [&](int r) -> const uint16_t* { return n0 + r < kr.n_end ? vbase + (n0 + r) * a.v_stride[2] : nullptr; },
+        stage_v(st), [&](int r) -> const uint16_t* { return n0 + r < kr.n_end ? vbase + (n0 + r) * a.v_stride[2] : nullptr; },
         a.head_dim_v, vec, a.v);
   };
 
   load_tile<kD, kPitch, kBM, kThreads>(sQ, q_row, a.head_dim, vec, a.q);
-  if (t_begin < t_end) load_k(t_begin);
+  if (t_begin < t_end) {
+    load_k(t_begin, 0);
+    if constexpr (kStages == 2) load_v(t_begin, 0);
+  }
   cp_async_commit();
 
   float o[kMT][kOT][4];
@@ -179,9 +196,20 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
   uint32_t qf[kQInRegs ? kMT : 1][kQInRegs ? kD / 16 : 1][4];
 
   for (int t = t_begin; t < t_end; ++t) {
+    const int st = kStages == 2 ? (t - t_begin) & 1 : 0;
+    const uint16_t* const sK = stage_k(st);
+    const uint16_t* const sV = stage_v(st);
     cp_async_wait_all();
-    __syncthreads();  // K(t) (and Q) visible; every warp is done with V(t-1)
-    load_v(t);
+    if constexpr (kStages == 2) {
+      __syncthreads();  // K(t), V(t) (and Q) visible; every warp is done with tile t-1's stage
+      if (t + 1 < t_end) {
+        load_k(t + 1, st ^ 1);
+        load_v(t + 1, st ^ 1);
+      }
+    } else {
+      __syncthreads();  // K(t) (and Q) visible; every warp is done with V(t-1)
+      load_v(t, 0);
+    }
     cp_async_commit();
 
     if constexpr (kQInRegs) {
@@ -273,20 +301,22 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float base = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
-        const float alpha = exp2f(m_run[mt][h] - base);
+        const float alpha = fast_exp2(m_run[mt][h] - base);
         m_run[mt][h] = mx;
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-          s[mt][nt][2 * h] = exp2f(s[mt][nt][2 * h] - base);
-          s[mt][nt][2 * h + 1] = exp2f(s[mt][nt][2 * h + 1] - base);
+          s[mt][nt][2 * h] = fast_exp2(s[mt][nt][2 * h] - base);
+          s[mt][nt][2 * h + 1] = fast_exp2(s[mt][nt][2 * h + 1] - base);
           sum += s[mt][nt][2 * h] + s[mt][nt][2 * h + 1];
         }
         l_run[mt][h] = l_run[mt][h] * alpha + sum;
+        if (alpha != 1.0f) {  // the running max moved (most tiles after the first few: it did not)
 #pragma unroll
-        for (int nt = 0; nt < kOT; ++nt) {
-          o[mt][nt][2 * h] *= alpha;
-          o[mt][nt][2 * h + 1] *= alpha;
+          for (int nt = 0; nt < kOT; ++nt) {
+            o[mt][nt][2 * h] *= alpha;
+            o[mt][nt][2 * h + 1] *= alpha;
+          }
         }
       }
 #pragma unroll
@@ -298,10 +328,12 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
       }
     }
 
-    cp_async_wait_all();
-    __syncthreads();  // V(t) visible; every warp is done with K(t)
-    if (t + 1 < t_end) load_k(t + 1);
-    cp_async_commit();
+    if constexpr (kStages == 1) {
+      cp_async_wait_all();
+      __syncthreads();  // V(t) visible; every warp is done with K(t)
+      if (t + 1 < t_end) load_k(t + 1, 0);
+      cp_async_commit();
+    }
 
     // O += P V
 #pragma unroll
@@ -359,12 +391,16 @@ __global__ void __launch_bounds__(kWarps * 32) flash_tc_kernel(const KernelArgs 
   }
 }
 
-template <typename T, int kD, int kBM, int kBN, int kWarps>
+// Shared memory of one block: Q tile + kStages x (K tile + V tile), rows padded by 16 bytes.
+constexpr int flash_tc_smem_bytes(int d, int block_m, int block_n, int stages) {
+  return (block_m + 2 * stages * block_n) * (d + 8) * 2;
+}
+
+template <typename T, int kD, int kBM, int kBN, int kWarps, int kStages = 1, int kMinBlocks = 1>
 cudaError_t launch_flash_tc(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr int kPitch = kD + 8;
-  constexpr int kSmem = (kBM + 2 * kBN) * kPitch * 2;
+  constexpr int kSmem = flash_tc_smem_bytes(kD, kBM, kBN, kStages);
   static int smem_done[64] = {};
-  auto kernel = flash_tc_kernel<T, kD, kBM, kBN, kWarps>;
+  auto kernel = flash_tc_kernel<T, kD, kBM, kBN, kWarps, kStages, kMinBlocks>;
   cudaError_t err = ensure_smem(kernel, kSmem, smem_done);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(plan.row_tiles) * a.batch * a.heads_kv, 1, plan.num_splits);

@@ -79,10 +79,15 @@ OPSFUSE_DECLARE_TC(run_f32_d256);
 // registers ptxas reports for sm_90, rounded up to 8)); the heuristic also bounds it by shared memory.
 struct TileShape {
   int block_m, block_n, warps, per_sm_regs;
+  int stages = 1;  // tensor-core tiles: K/V shared-memory stages (flash_tc.cuh)
 };
-constexpr TileShape kTcTile64{128, 64, 4, 2};     // 246 registers
-constexpr TileShape kTcTile128{128, 32, 4, 2};    // 236 registers (128x64: 255 + 56 B of spill)
-constexpr TileShape kTcTile256{64, 32, 4, 2};     // 232 registers
+// Tensor-core prefill tiles: 2 K/V stages; per_sm_regs is also the kernel's __launch_bounds__
+// minimum of resident blocks (ptxas must fit the registers to it, 0 bytes of spill).
+// 64x64 for D <= 64: 1 m16 tile per warp with Q in registers, 3 blocks/SM, and twice the blocks of
+// a 128-row tile for the small grids (B*H = 12 at S = 128..2048 is 12..192 128-row blocks).
+constexpr TileShape kTcTile64{64, 64, 4, 3, 2};     // 151 registers, 46 KB shared
+constexpr TileShape kTcTile128{128, 64, 4, 2, 2};   // 255 registers, 104 KB shared
+constexpr TileShape kTcTile256{64, 32, 4, 2, 2};    // 228 registers, 101 KB shared
 constexpr TileShape kTcDecodeTile{16, 64, 4, 3};  // flash_decode.cuh: 4 warps x 16 of 64 keys, 162 registers
 constexpr TileShape kF32Tile64{64, 64, 4, 3};     // 165 registers
 constexpr TileShape kF32Tile128{64, 32, 4, 2};    // 193 registers
