@@ -370,10 +370,23 @@ template <typename T, int kD>
 cudaError_t launch_flash_decode(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   if (a.rows > kBM || plan.stages < 2 || plan.stages > kMaxStages) return cudaErrorInvalidValue;
   const int bytes = smem_bytes(kD, plan.stages);
+  // The ring depth is a function of the device (decode_stages), so one size per device; the
+  // carveout asks for all of L1 as shared memory (cp.async.cg does not use L1), so that the two
+  // blocks per SM that decode_stages counted on are resident.
   static int smem_done[kMaxStages + 1][64] = {};
+  static int carveout_done[64] = {};
   auto kernel = flash_decode_kernel<T, kD>;
   cudaError_t err = ensure_smem(kernel, bytes, smem_done[plan.stages]);
   if (err != cudaSuccess) return err;
+  int dev = 0;
+  err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= 64 || !__atomic_load_n(&carveout_done[dev], __ATOMIC_ACQUIRE)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               static_cast<int>(cudaSharedmemCarveoutMaxShared));
+    if (err != cudaSuccess) return err;
+    if (dev < 64) __atomic_store_n(&carveout_done[dev], 1, __ATOMIC_RELEASE);
+  }
   const dim3 grid(static_cast<unsigned>(a.batch) * a.heads_kv, 1, plan.num_splits);
   kernel<<<grid, kThreads, bytes, stream>>>(a, plan.stages);
   return cudaGetLastError();
