@@ -102,9 +102,21 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev) {
   int smem_block = 0;
   if (p.dtype == DType::kFloat32) {
     plan.kind = KernelKind::kFloat32;
-    tile = plan.bucket == 64 ? detail::kF32Tile64 : (plan.bucket == 128 ? detail::kF32Tile128 : detail::kF32Tile256);
-    smem_block = 4 * (plan.bucket * (tile.block_m + 4) + plan.bucket * (tile.block_n + 4) +
-                      tile.block_n * (plan.bucket + 4) + tile.block_n * (tile.block_m + 4));
+    // Every warp of either tile does the same steps per row it owns (4 rows per row group), so the
+    // time is ~ (warps on the busiest SM sub-partition) x (rows per warp). The 1-warp small tile
+    // (half the rows per warp, 1.25x for its lower FFMA share and its own K/V reads) is taken when
+    // that is clearly shorter: small grids, where the prefill tile leaves most SMs idle.
+    const detail::TileShape big = plan.bucket == 64 ? detail::kF32Tile64
+                                  : (plan.bucket == 128 ? detail::kF32Tile128 : detail::kF32Tile256);
+    const detail::TileShape small = plan.bucket == 64 ? detail::kF32Small64
+                                    : (plan.bucket == 128 ? detail::kF32Small128 : detail::kF32Small256);
+    auto cost = [&](const detail::TileShape& t) {
+      const int64_t warps = p.batch * p.heads_kv * ceil_div(rows, t.block_m) * t.warps;
+      const int64_t per_subpartition = (warps + 4 * dev.sms - 1) / (4 * static_cast<int64_t>(dev.sms));
+      return static_cast<double>(per_subpartition) * t.block_m / t.warps * (t.warps == 1 ? 1.25 : 1.0);
+    };
+    tile = cost(small) <= 0.75 * cost(big) ? small : big;
+    smem_block = detail::f32_smem_bytes(plan.bucket, tile.block_m, tile.block_n);
   } else {
     const bool decode = rows <= 16 && plan.bucket <= 128;
     plan.kind = decode ? KernelKind::kTensorCoreDecode : KernelKind::kTensorCore;

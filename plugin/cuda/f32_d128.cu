@@ -1,11 +1,13 @@
-// Instantiation: float32 kernel (CUDA cores, no TF32), head-size bucket 128.
+// Instantiation: float32 kernel (CUDA cores, no TF32), head-size bucket 128: the prefill tile and
+// the small tile that choose_plan() takes for grids too small to fill the device.
 #include "flash_f32.cuh"
 
 namespace opsfuse::cuda::detail {
 
 cudaError_t run_f32_d128(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr TileShape t = kF32Tile128;
-  return launch_flash_f32<128, t.block_m, t.block_n>(a, plan, stream);
+  constexpr TileShape big = kF32Tile128, small = kF32Small128;
+  return launch_flash_f32_bucket<128, big.block_m, big.block_n, big.warps, small.block_m, small.block_n, small.warps>(
+      a, plan, stream);
 }
 
 }  // namespace opsfuse::cuda::detail

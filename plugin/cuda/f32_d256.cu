@@ -1,11 +1,13 @@
-// Instantiation: float32 kernel (CUDA cores, no TF32), head-size bucket 256.
+// Instantiation: float32 kernel (CUDA cores, no TF32), head-size bucket 256: the prefill tile and
+// the small tile that choose_plan() takes for grids too small to fill the device.
 #include "flash_f32.cuh"
 
 namespace opsfuse::cuda::detail {
 
 cudaError_t run_f32_d256(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr TileShape t = kF32Tile256;
-  return launch_flash_f32<256, t.block_m, t.block_n>(a, plan, stream);
+  constexpr TileShape big = kF32Tile256, small = kF32Small256;
+  return launch_flash_f32_bucket<256, big.block_m, big.block_n, big.warps, small.block_m, small.block_n, small.warps>(
+      a, plan, stream);
 }
 
 }  // namespace opsfuse::cuda::detail

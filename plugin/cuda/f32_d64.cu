@@ -1,11 +1,13 @@
-// Instantiation: float32 kernel (CUDA cores, no TF32), head-size bucket 64.
+// Instantiation: float32 kernel (CUDA cores, no TF32), head-size bucket 64: the prefill tile and
+// the small tile that choose_plan() takes for grids too small to fill the device.
 #include "flash_f32.cuh"
 
 namespace opsfuse::cuda::detail {
 
 cudaError_t run_f32_d64(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr TileShape t = kF32Tile64;
-  return launch_flash_f32<64, t.block_m, t.block_n>(a, plan, stream);
+  constexpr TileShape big = kF32Tile64, small = kF32Small64;
+  return launch_flash_f32_bucket<64, big.block_m, big.block_n, big.warps, small.block_m, small.block_n, small.warps>(
+      a, plan, stream);
 }
 
 }  // namespace opsfuse::cuda::detail

@@ -1,40 +1,103 @@
 // Internal to plugin/cuda: the float32 FusedAttention kernel. True float32 arithmetic on the CUDA
 // cores (no TF32): the contract asks float32 inputs to keep float32 accuracy.
 //
-// One block = kBM query rows of one (batch, kv head) x one KV split, 128 threads as a 16 x 8 grid:
-// thread (ti, tj) owns rows ti*RM..+RM; of S it owns keys tj*RN..+RN, of O columns tj*RD..+RD.
-// Q and K are kept transposed in shared memory ([d][row]) so each thread reads float4 vectors;
-// P goes through shared memory ([key][row]) between the two products. Same row packing, score
-// contract, online softmax and split-KV epilogue as the tensor-core kernel.
+// One block = kBM query rows of one (batch, kv head) x one KV split, kWarps warps. A warp is a
+// 4 x 8 grid of threads (ti, tj); the block's threads form a TI x 8 grid, TI = 4 * kWarps.
+// Thread (ti, tj) owns rows ti + TI*x (x < RM), keys tj + 8*y of S (y < RN) and the float4 column
+// groups tj*4 + 32*g of O (g < RG). Q, K and V stay row-major in shared memory (cp.async, no
+// transposition): with the interleaved ownership, a warp's float4 reads of Q rows (4 rows), K rows
+// (8 consecutive rows, pitch D+4) and V rows (32 consecutive floats) each fall in distinct banks,
+// so every read is one shared-memory wavefront and every product step is RM x RN (or RM x 4*RG)
+// FFMAs per RM + RN float4 reads. P goes through shared memory, but only within a warp (the 8
+// threads of a row group are 8 lanes of one warp). K(j+1) loads during P.V(j), V(j+1) during
+// Q.K(j+1), one buffer each. Same row packing, score contract, online softmax (log2 domain,
+// ex2.approx.ftz) and split-KV epilogue as the tensor-core kernel.
 #pragma once
 
 #include "kernel_common.cuh"
 
 namespace opsfuse::cuda::detail {
 
-template <int kD, int kBM, int kBN>
+template <int kD, int kBM, int kBN, int kWarps>
 struct F32Layout {
-  static constexpr int kThreads = 128;
-  static constexpr int RM = kBM / 16, RN = kBN / 8, RD = kD / 8;
-  static constexpr int kQP = kBM + 4;  // pitch of sQt [kD][kQP]
-  static constexpr int kKP = kBN + 4;  // pitch of sKt [kD][kKP]
-  static constexpr int kVP = kD + 4;   // pitch of sV  [kBN][kVP]
-  static constexpr int kPP = kBM + 4;  // pitch of sP  [kBN][kPP]
-  static constexpr int kFloats = kD * kQP + kD * kKP + kBN * kVP + kBN * kPP;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int TI = 4 * kWarps;
+  static constexpr int RM = kBM / TI, RN = kBN / 8, RG = kD / 32;
+  static constexpr int kQP = kD + 4;   // pitch of sQ [kBM][kQP]: 4 consecutive rows -> 4 bank groups
+  static constexpr int kKP = kD + 4;   // pitch of sK [kBN][kKP]: 8 consecutive rows -> 32 banks
+  static constexpr int kVP = kD;       // pitch of sV [kBN][kVP]: read along a row
+  static constexpr int kPP = kBN + 8;  // pitch of sP [kBM][kPP]: scalar writes of 4 rows x 8 keys conflict-free
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kBM * kQP;
+  static constexpr int kVOff = kKOff + kBN * kKP;
+  static constexpr int kPOff = kVOff + kBN * kVP;
+  static constexpr int kFloats = kPOff + kBM * kPP;
   static constexpr int kSmemBytes = kFloats * 4;
+  static_assert(kBM % TI == 0 && kBN % 32 == 0 && kD % 32 == 0, "f32 tile shape");
+  static_assert(kSmemBytes == f32_smem_bytes(kD, kBM, kBN), "keep f32_smem_bytes in step");
 };
 
-template <int kD, int kBM, int kBN>
-__global__ void __launch_bounds__(128) flash_f32_kernel(const KernelArgs a) {
-  using L = F32Layout<kD, kBM, kBN>;
-  constexpr int RM = L::RM, RN = L::RN, RD = L::RD;
-  extern __shared__ __align__(16) float fsm[];
-  float* sQt = fsm;
-  float* sKt = sQt + kD * L::kQP;
-  float* sV = sKt + kD * L::kKP;
-  float* sP = sV + kBN * L::kVP;
+__device__ __forceinline__ uint32_t f32_smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
-  const int tid = threadIdx.x, ti = tid / 8, tj = tid % 8;
+// 16-byte cp.async; bytes beyond src_bytes (0..16) are zero-filled.
+__device__ __forceinline__ void f32_cp_async16(float* dst, const float* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(f32_smem_addr(dst)), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void f32_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void f32_cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// 2^x, ~2 ulp, flushes subnormal results to 0; 2^-inf = 0.
+__device__ __forceinline__ float f32_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Copies `nrows` rows of `ncols` floats (row r at src + r * stride) into smem rows of pitch kPitch,
+// kD columns: columns >= ncols and rows >= nrows are zero. vec: 16-byte cp.async (16-byte aligned
+// rows), else element loads and plain stores (visible after the next barrier, like cp.async after
+// its wait).
+template <int kD, int kRows, int kPitch, int kThreads>
+__device__ __forceinline__ void f32_load_rows(float* smem, const float* src, int64_t stride, int nrows,
+                                              int ncols, bool vec, int tid) {
+  constexpr int kChunks = kD / 4;
+  if (vec) {
+#pragma unroll 4
+    for (int i = 0; i < (kRows * kChunks + kThreads - 1) / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      if ((kRows * kChunks) % kThreads != 0 && idx >= kRows * kChunks) break;
+      const int r = idx / kChunks, c = (idx % kChunks) * 4;
+      const int n = r < nrows ? max(0, min(4, ncols - c)) : 0;
+      f32_cp_async16(smem + r * kPitch + c, n ? src + r * stride + c : src, n * 4);
+    }
+  } else {
+#pragma unroll 4
+    for (int idx = tid; idx < kRows * kD; idx += kThreads) {
+      const int r = idx / kD, c = idx % kD;
+      smem[r * kPitch + c] = (r < nrows && c < ncols) ? src[r * stride + c] : 0.0f;
+    }
+  }
+}
+
+template <int kD, int kBM, int kBN, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? (kD == 64 ? 3 : 2) : 1) flash_f32_kernel(const KernelArgs a) {
+  using L = F32Layout<kD, kBM, kBN, kWarps>;
+  constexpr int TI = L::TI, RM = L::RM, RN = L::RN, RG = L::RG, kThreads = L::kThreads;
+  extern __shared__ __align__(16) float fsm[];
+  float* sQ = fsm + L::kQOff;
+  float* sK = fsm + L::kKOff;
+  float* sV = fsm + L::kVOff;
+  float* sP = fsm + L::kPOff;
+
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int ti = (tid / 32) * 4 + lane / 8, tj = lane % 8;
   const int n_rt = (a.rows + kBM - 1) / kBM;
   const int bh = blockIdx.x / n_rt;
   const int rt = n_rt - 1 - static_cast<int>(blockIdx.x % n_rt);
@@ -47,108 +110,168 @@ __global__ void __launch_bounds__(128) flash_f32_kernel(const KernelArgs a) {
   const int t_begin = min(n_tiles, static_cast<int>(blockIdx.z) * per_split);
   const int t_end = min(n_tiles, t_begin + per_split);
   const int D = a.head_dim, Dv = a.head_dim_v;
+  const bool vec = a.vec_loads != 0;
 
-  RowInfo ri[RM];
-#pragma unroll
-  for (int x = 0; x < RM; ++x) ri[x] = make_row(a, b, hk, row0 + ti * RM + x, len);
-
-  // Q^T into shared memory (zero beyond D and beyond the last row).
-  const float* qb = static_cast<const float*>(a.q);
-  for (int idx = tid; idx < kBM * kD; idx += 128) {
-    const int r = idx / kD, d = idx % kD;
-    const int gr = row0 + r;
-    float val = 0.0f;
-    if (gr < a.rows && d < D) {
-      const int g = gr / a.seq_q, i = gr - g * a.seq_q;
-      val = qb[b * a.q_stride[0] + (hk * a.group + g) * a.q_stride[1] + i * a.q_stride[2] + d];
-    }
-    sQt[d * L::kQP + r] = val;
-  }
   const float* kb = static_cast<const float*>(a.k) + b * a.k_stride[0] + hk * a.k_stride[1];
   const float* vb = static_cast<const float*>(a.v) + b * a.v_stride[0] + hk * a.v_stride[1];
+  auto load_k = [&](int t) {
+    const int n0 = t * kBN;
+    f32_load_rows<kD, kBN, L::kKP, kThreads>(sK, kb + n0 * a.k_stride[2], a.k_stride[2], kr.n_end - n0, D, vec, tid);
+  };
+  auto load_v = [&](int t) {
+    const int n0 = t * kBN;
+    f32_load_rows<kD, kBN, L::kVP, kThreads>(sV, vb + n0 * a.v_stride[2], a.v_stride[2], kr.n_end - n0, Dv, vec, tid);
+  };
 
-  float o[RM][RD];
+  if (t_begin < t_end) {
+    // Q rows (zero beyond D and beyond the last row); the packed row r is query head
+    // hk * group + r / Sq at position r % Sq, so rows are not equally spaced across heads.
+    const float* qb = static_cast<const float*>(a.q) + b * a.q_stride[0];
+    constexpr int kChunks = kD / 4;
+    for (int idx = tid; idx < kBM * kChunks; idx += kThreads) {
+      const int r = idx / kChunks, c = (idx % kChunks) * 4;
+      const int gr = row0 + r;
+      const float* src = qb;
+      int n = 0;
+      if (gr < a.rows) {
+        const int g = gr / a.seq_q, i = gr - g * a.seq_q;
+        src = qb + (hk * a.group + g) * a.q_stride[1] + i * a.q_stride[2];
+        n = max(0, min(4, D - c));
+      }
+      if (vec) {
+        f32_cp_async16(sQ + r * L::kQP + c, n ? src + c : qb, n * 4);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sQ[r * L::kQP + c + e] = e < n ? src[c + e] : 0.0f;
+      }
+    }
+    load_k(t_begin);
+    f32_cp_commit();
+    load_v(t_begin);
+    f32_cp_commit();
+  }
+
+  float o[RM][RG * 4];
   float m_run[RM], l_run[RM];
 #pragma unroll
   for (int x = 0; x < RM; ++x) {
     m_run[x] = -INFINITY;
     l_run[x] = 0.0f;
 #pragma unroll
-    for (int c = 0; c < RD; ++c) o[x][c] = 0.0f;
+    for (int c = 0; c < RG * 4; ++c) o[x][c] = 0.0f;
   }
   const bool elementwise = a.mask_kind != 0 || a.softcap > 0.0f;
+  const int d_lim = (D + 3) & ~3;  // columns past D are zero in sQ / sK
+  const float* q_th = sQ + ti * L::kQP;
+  const float* k_th = sK + tj * L::kKP;
+  float* p_th = sP + ti * L::kPP;
+  const float* v_th = sV + tj * 4;
 
   for (int t = t_begin; t < t_end; ++t) {
     const int n0 = t * kBN;
-    __syncthreads();  // previous tile's K, V, P fully consumed
-    for (int idx = tid; idx < kBN * kD; idx += 128) {
-      const int r = idx / kD, d = idx % kD;
-      const bool ok = n0 + r < kr.n_end;
-      sKt[d * L::kKP + r] = (ok && d < D) ? kb[(n0 + r) * a.k_stride[2] + d] : 0.0f;
-      sV[r * L::kVP + d] = (ok && d < Dv) ? vb[(n0 + r) * a.v_stride[2] + d] : 0.0f;
-    }
+    f32_cp_wait<1>();  // K(t) (and Q) landed; V(t) may still be in flight
     __syncthreads();
 
+    // S = Q K^T over float4 steps of d.
     float s[RM][RN];
 #pragma unroll
     for (int x = 0; x < RM; ++x)
 #pragma unroll
       for (int y = 0; y < RN; ++y) s[x][y] = 0.0f;
-    for (int d = 0; d < D; ++d) {
-      float qa[RM], kv[RN];
+#pragma unroll 2
+    for (int d = 0; d < d_lim; d += 4) {
+      float4 qa[RM], kv[RN];
 #pragma unroll
-      for (int x = 0; x < RM; ++x) qa[x] = sQt[d * L::kQP + ti * RM + x];
+      for (int x = 0; x < RM; ++x) qa[x] = *reinterpret_cast<const float4*>(q_th + x * TI * L::kQP + d);
 #pragma unroll
-      for (int y = 0; y < RN; ++y) kv[y] = sKt[d * L::kKP + tj * RN + y];
+      for (int y = 0; y < RN; ++y) kv[y] = *reinterpret_cast<const float4*>(k_th + y * 8 * L::kKP + d);
 #pragma unroll
       for (int x = 0; x < RM; ++x)
 #pragma unroll
-        for (int y = 0; y < RN; ++y) s[x][y] = fmaf(qa[x], kv[y], s[x][y]);
+        for (int y = 0; y < RN; ++y) {
+          float acc = s[x][y];
+          acc = fmaf(qa[x].x, kv[y].x, acc);
+          acc = fmaf(qa[x].y, kv[y].y, acc);
+          acc = fmaf(qa[x].z, kv[y].z, acc);
+          acc = fmaf(qa[x].w, kv[y].w, acc);
+          s[x][y] = acc;
+        }
     }
 
-    const bool slow = elementwise || n0 + kBN > kr.all_visible;
+    // Scores in the log2 domain: the element-wise contract only where the tile needs it.
+    if (elementwise || n0 + kBN > kr.all_visible) {
+#pragma unroll
+      for (int x = 0; x < RM; ++x) {
+        const RowInfo ri = make_row(a, b, hk, row0 + ti + TI * x, len);
+#pragma unroll
+        for (int y = 0; y < RN; ++y) s[x][y] = full_score<float>(a, s[x][y], ri, n0 + tj + 8 * y);
+      }
+    } else {
+#pragma unroll
+      for (int x = 0; x < RM; ++x)
+#pragma unroll
+        for (int y = 0; y < RN; ++y) s[x][y] *= a.scale_log2;
+    }
+
+    // Online softmax; a row's 8 key owners are lanes 8k..8k+7 of one warp.
 #pragma unroll
     for (int x = 0; x < RM; ++x) {
-#pragma unroll
-      for (int y = 0; y < RN; ++y) {
-        const int j = n0 + tj * RN + y;
-        s[x][y] = slow ? full_score<float>(a, s[x][y], ri[x], j) : s[x][y] * a.scale_log2;
-      }
       float mx = m_run[x];
 #pragma unroll
       for (int y = 0; y < RN; ++y) mx = fmaxf(mx, s[x][y]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      const float base = mx == -INFINITY ? 0.0f : mx;
-      const float alpha = exp2f(m_run[x] - base);
+      const float base = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: p = 2^-inf = 0
+      const float alpha = f32_exp2(m_run[x] - base);
       m_run[x] = mx;
       float sum = 0.0f;
 #pragma unroll
       for (int y = 0; y < RN; ++y) {
-        const float p = exp2f(s[x][y] - base);
+        const float p = f32_exp2(s[x][y] - base);
         sum += p;
-        sP[(tj * RN + y) * L::kPP + ti * RM + x] = p;
+        p_th[x * TI * L::kPP + tj + 8 * y] = p;
       }
       l_run[x] = l_run[x] * alpha + sum;
 #pragma unroll
-      for (int c = 0; c < RD; ++c) o[x][c] *= alpha;
+      for (int c = 0; c < RG * 4; ++c) o[x][c] *= alpha;
     }
-    __syncthreads();
 
-    const int n_valid = min(kBN, kr.n_end - n0);
-    for (int j = 0; j < n_valid; ++j) {
-      float pa[RM], vv[RD];
+    f32_cp_wait<0>();  // V(t) landed
+    __syncthreads();   // V(t) visible, K(t) free, P visible within each warp
+    if (t + 1 < t_end) load_k(t + 1);
+    f32_cp_commit();
+
+    // O += P V over float4 steps of keys (V rows and P past the key range are zero).
+    const int j_lim = (min(kBN, kr.n_end - n0) + 3) & ~3;
+#pragma unroll 2
+    for (int j = 0; j < j_lim; j += 4) {
+      float4 pa[RM];
 #pragma unroll
-      for (int x = 0; x < RM; ++x) pa[x] = sP[j * L::kPP + ti * RM + x];
+      for (int x = 0; x < RM; ++x) pa[x] = *reinterpret_cast<const float4*>(p_th + x * TI * L::kPP + j);
 #pragma unroll
-      for (int c = 0; c < RD; ++c) vv[c] = sV[j * L::kVP + tj * RD + c];
+      for (int jj = 0; jj < 4; ++jj) {
+        float4 vv[RG];
 #pragma unroll
-      for (int x = 0; x < RM; ++x)
+        for (int g = 0; g < RG; ++g) vv[g] = *reinterpret_cast<const float4*>(v_th + (j + jj) * L::kVP + 32 * g);
 #pragma unroll
-        for (int c = 0; c < RD; ++c) o[x][c] = fmaf(pa[x], vv[c], o[x][c]);
+        for (int x = 0; x < RM; ++x) {
+          const float p = jj == 0 ? pa[x].x : (jj == 1 ? pa[x].y : (jj == 2 ? pa[x].z : pa[x].w));
+#pragma unroll
+          for (int g = 0; g < RG; ++g) {
+            o[x][4 * g + 0] = fmaf(p, vv[g].x, o[x][4 * g + 0]);
+            o[x][4 * g + 1] = fmaf(p, vv[g].y, o[x][4 * g + 1]);
+            o[x][4 * g + 2] = fmaf(p, vv[g].z, o[x][4 * g + 2]);
+            o[x][4 * g + 3] = fmaf(p, vv[g].w, o[x][4 * g + 3]);
+          }
+        }
+      }
     }
+    __syncthreads();  // V(t) free
+    if (t + 1 < t_end) load_v(t + 1);
+    f32_cp_commit();
   }
+  f32_cp_wait<0>();
 
 #pragma unroll
   for (int x = 0; x < RM; ++x) {
@@ -156,35 +279,53 @@ __global__ void __launch_bounds__(128) flash_f32_kernel(const KernelArgs a) {
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     l += __shfl_xor_sync(0xffffffffu, l, 4);
-    const RowInfo& r = ri[x];
+    const RowInfo r = make_row(a, b, hk, row0 + ti + TI * x, len);
     if (!r.valid) continue;
     const int64_t grow = (static_cast<int64_t>(b) * a.heads_q + r.head) * a.seq_q + r.pos;
+    float* dst;
+    float mul;
     if (a.num_splits == 1) {
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float* yrow = static_cast<float*>(a.y) + b * a.y_stride[0] + r.head * a.y_stride[1] + r.pos * a.y_stride[2];
-#pragma unroll
-      for (int c = 0; c < RD; ++c)
-        if (tj * RD + c < Dv) yrow[tj * RD + c] = o[x][c] * inv;
+      dst = static_cast<float*>(a.y) + b * a.y_stride[0] + r.head * a.y_stride[1] + r.pos * a.y_stride[2];
+      mul = l > 0.0f ? 1.0f / l : 0.0f;  // fully masked row -> 0
     } else {
-      float* orow = split_o_row(a, grow);
-#pragma unroll
-      for (int c = 0; c < RD; ++c)
-        if (tj * RD + c < Dv) orow[tj * RD + c] = o[x][c];
+      dst = split_o_row(a, grow);
+      mul = 1.0f;
       if (tj == 0) store_split_ml(a, grow, m_run[x], l);
+    }
+#pragma unroll
+    for (int g = 0; g < RG; ++g) {
+      const int c = tj * 4 + 32 * g;
+      float* p = dst + c;
+      if (c + 4 <= Dv && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+        *reinterpret_cast<float4*>(p) = make_float4(o[x][4 * g] * mul, o[x][4 * g + 1] * mul,
+                                                    o[x][4 * g + 2] * mul, o[x][4 * g + 3] * mul);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (c + e < Dv) p[e] = o[x][4 * g + e] * mul;
+      }
     }
   }
 }
 
-template <int kD, int kBM, int kBN>
+template <int kD, int kBM, int kBN, int kWarps>
 cudaError_t launch_flash_f32(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr int kSmem = F32Layout<kD, kBM, kBN>::kSmemBytes;
+  constexpr int kSmem = F32Layout<kD, kBM, kBN, kWarps>::kSmemBytes;
   static int smem_done[64] = {};
-  auto kernel = flash_f32_kernel<kD, kBM, kBN>;
+  auto kernel = flash_f32_kernel<kD, kBM, kBN, kWarps>;
   cudaError_t err = ensure_smem(kernel, kSmem, smem_done);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(plan.row_tiles) * a.batch * a.heads_kv, 1, plan.num_splits);
-  kernel<<<grid, 128, kSmem, stream>>>(a);
+  kernel<<<grid, 32 * kWarps, kSmem, stream>>>(a);
   return cudaGetLastError();
+}
+
+// The launch of one head-size bucket: the tile that choose_plan() picked (block_m tells them apart).
+template <int kD, int kBigM, int kBigN, int kBigWarps, int kSmallM, int kSmallN, int kSmallWarps>
+cudaError_t launch_flash_f32_bucket(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  if (plan.block_m == kSmallM && plan.block_n == kSmallN)
+    return launch_flash_f32<kD, kSmallM, kSmallN, kSmallWarps>(a, plan, stream);
+  return launch_flash_f32<kD, kBigM, kBigN, kBigWarps>(a, plan, stream);
 }
 
 }  // namespace opsfuse::cuda::detail

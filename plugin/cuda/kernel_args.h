@@ -89,9 +89,20 @@ constexpr TileShape kTcTile64{64, 64, 4, 3, 2};     // 151 registers, 46 KB shar
 constexpr TileShape kTcTile128{128, 64, 4, 2, 2};   // 255 registers, 104 KB shared
 constexpr TileShape kTcTile256{64, 32, 4, 2, 2};    // 228 registers, 101 KB shared
 constexpr TileShape kTcDecodeTile{16, 64, 4, 3};  // flash_decode.cuh: 4 warps x 16 of 64 keys, 162 registers
-constexpr TileShape kF32Tile64{64, 64, 4, 3};     // 165 registers
-constexpr TileShape kF32Tile128{64, 32, 4, 2};    // 193 registers
-constexpr TileShape kF32Tile256{32, 16, 4, 4};    // 128 registers
+// Float32 tiles (flash_f32.cuh): a prefill tile and a 1-warp "small" tile per bucket; choose_plan()
+// takes the small one when the prefill tile's grid leaves the multiprocessors unevenly loaded.
+// Block threads = 32 x warps; each thread owns (block_m / (4 x warps)) rows x (block_n / 8) keys.
+constexpr TileShape kF32Tile64{64, 64, 4, 3};     // 168 registers, 68 KB shared
+constexpr TileShape kF32Small64{8, 64, 1, 13};    // 148 registers, 37 KB shared
+constexpr TileShape kF32Tile128{64, 32, 4, 2};    // 238 registers, 76 KB shared
+constexpr TileShape kF32Small128{8, 32, 1, 12};   // 162 registers, 38 KB shared
+constexpr TileShape kF32Tile256{32, 32, 4, 3};    // 168 registers, 102 KB shared
+constexpr TileShape kF32Small256{8, 32, 1, 12};   // 168 registers, 74 KB shared
+// Shared memory of a float32 tile (bytes): Q [block_m][D+4], K [block_n][D+4], V [block_n][D],
+// P [block_m][block_n+8], float32.
+constexpr int f32_smem_bytes(int bucket, int block_m, int block_n) {
+  return 4 * (block_m * (bucket + 4) + block_n * (bucket + 4) + block_n * bucket + block_m * (block_n + 8));
+}
 
 // Decode kernel (flash_decode.cuh): shared memory of one block (Q tile + a ring of `stages` K and V
 // tiles, rows padded by 16 bytes), and the ring depth for a device: the deepest of 2..4 that keeps
