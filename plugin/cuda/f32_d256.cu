@@ -1,5 +1,5 @@
-// Instantiation: float32 kernel (CUDA cores, no TF32), head-size bucket 256: the prefill tile and
-// the small tile that choose_plan() takes for grids too small to fill the device.
+// Instantiation: float32 kernel (CUDA cores, no TF32), head-size bucket 256 (one tile: kF32Small256
+// is the prefill tile).
 #include "flash_f32.cuh"
 
 namespace opsfuse::cuda::detail {

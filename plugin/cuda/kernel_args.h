@@ -97,7 +97,7 @@ constexpr TileShape kF32Small64{8, 64, 1, 13};    // 148 registers, 37 KB shared
 constexpr TileShape kF32Tile128{64, 32, 4, 2};    // 238 registers, 76 KB shared
 constexpr TileShape kF32Small128{8, 32, 1, 12};   // 162 registers, 38 KB shared
 constexpr TileShape kF32Tile256{32, 32, 4, 3};    // 168 registers, 102 KB shared
-constexpr TileShape kF32Small256{8, 32, 1, 12};   // 168 registers, 74 KB shared
+constexpr TileShape kF32Small256 = kF32Tile256;   // none: the 32-row tile already has 8 rows per warp
 // Shared memory of a float32 tile (bytes): Q [block_m][D+4], K [block_n][D+4], V [block_n][D],
 // P [block_m][block_n+8], float32.
 constexpr int f32_smem_bytes(int bucket, int block_m, int block_n) {
