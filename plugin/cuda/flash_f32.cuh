@@ -2,16 +2,18 @@
 // cores (no TF32): the contract asks float32 inputs to keep float32 accuracy.
 //
 // One block = kBM query rows of one (batch, kv head) x one KV split, kWarps warps. A warp is a
-// 4 x 8 grid of threads (ti, tj); the block's threads form a TI x 8 grid, TI = 4 * kWarps.
-// Thread (ti, tj) owns rows ti + TI*x (x < RM), keys tj + 8*y of S (y < RN) and the float4 column
-// groups tj*4 + 32*g of O (g < RG). Q, K and V stay row-major in shared memory (cp.async, no
-// transposition): with the interleaved ownership, a warp's float4 reads of Q rows (4 rows), K rows
-// (8 consecutive rows, pitch D+4) and V rows (32 consecutive floats) each fall in distinct banks,
-// so every read is one shared-memory wavefront and every product step is RM x RN (or RM x 4*RG)
-// FFMAs per RM + RN float4 reads. P goes through shared memory, but only within a warp (the 8
-// threads of a row group are 8 lanes of one warp). K(j+1) loads during P.V(j), V(j+1) during
-// Q.K(j+1), one buffer each. Same row packing, score contract, online softmax (log2 domain,
-// ex2.approx.ftz) and split-KV epilogue as the tensor-core kernel.
+// 4 x 8 grid of threads (ti, tj), lane = 4 * tj + ti % 4; the block's threads form a TI x 8 grid,
+// TI = 4 * kWarps. Thread (ti, tj) owns rows ti + TI*x (x < RM), keys tj + 8*y of S (y < RN) and
+// the float4 column groups tj*4 + 32*g of O (g < RG). Q, K and V stay row-major in shared memory
+// (cp.async, no transposition): with the interleaved ownership a warp's float4 reads of Q rows
+// (4 rows, pitch D+4), K rows (8 consecutive rows, pitch D+4), V rows (32 consecutive floats) and
+// P rows (pitch BN+8) are free of bank conflicts, and each product step is RM x RN (or RM x 4*RG)
+// x 4 FFMAs per RM + RN (RM + 4*RG) float4 reads. The limit is shared memory's return rate
+// (128 B/clk/SM): a float4 read costs 4 clk, 2 when lane pairs share the address (K, V), so a
+// 4 x 8 step is 128 FFMA per 32 clk of one warp's reads. P goes through shared memory only within
+// a warp (the 8 threads of a row group are 8 lanes of one warp). K(j+1) loads during P.V(j),
+// V(j+1) during Q.K(j+1), one buffer each. Same row packing, score contract, online softmax (log2
+// domain, ex2.approx.ftz) and split-KV epilogue as the tensor-core kernel.
 #pragma once
 
 #include "kernel_common.cuh"
@@ -97,7 +99,9 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? (kD == 64 ? 3 : 2) 
   float* sP = fsm + L::kPOff;
 
   const int tid = threadIdx.x, lane = tid % 32;
-  const int ti = (tid / 32) * 4 + lane / 8, tj = lane % 8;
+  // Lanes 4k..4k+3 share tj: their K and V reads have one address per lane pair, which shared
+  // memory returns at twice the rate of 32 distinct float4s (the reads of Q and P are the others).
+  const int ti = (tid / 32) * 4 + lane % 4, tj = lane / 4;
   const int n_rt = (a.rows + kBM - 1) / kBM;
   const int bh = blockIdx.x / n_rt;
   const int rt = n_rt - 1 - static_cast<int>(blockIdx.x % n_rt);
@@ -213,15 +217,15 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? (kD == 64 ? 3 : 2) 
         for (int y = 0; y < RN; ++y) s[x][y] *= a.scale_log2;
     }
 
-    // Online softmax; a row's 8 key owners are lanes 8k..8k+7 of one warp.
+    // Online softmax; a row's 8 key owners are lanes k, k+4, ..., k+28 of one warp.
 #pragma unroll
     for (int x = 0; x < RM; ++x) {
       float mx = m_run[x];
 #pragma unroll
       for (int y = 0; y < RN; ++y) mx = fmaxf(mx, s[x][y]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
       const float base = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: p = 2^-inf = 0
       const float alpha = f32_exp2(m_run[x] - base);
       m_run[x] = mx;
@@ -276,9 +280,9 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? (kD == 64 ? 3 : 2) 
 #pragma unroll
   for (int x = 0; x < RM; ++x) {
     float l = l_run[x];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
     l += __shfl_xor_sync(0xffffffffu, l, 4);
+    l += __shfl_xor_sync(0xffffffffu, l, 8);
+    l += __shfl_xor_sync(0xffffffffu, l, 16);
     const RowInfo r = make_row(a, b, hk, row0 + ti + TI * x, len);
     if (!r.valid) continue;
     const int64_t grow = (static_cast<int64_t>(b) * a.heads_q + r.head) * a.seq_q + r.pos;
