@@ -315,10 +315,22 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? (kD == 64 ? 3 : 2) 
 template <int kD, int kBM, int kBN, int kWarps>
 cudaError_t launch_flash_f32(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   constexpr int kSmem = F32Layout<kD, kBM, kBN, kWarps>::kSmemBytes;
+  // choose_plan() counts resident blocks with all of L1 as shared memory (the tiles load through
+  // cp.async.cg, which does not use L1): ask for that carveout rather than the driver's default.
   static int smem_done[64] = {};
+  static int carveout_done[64] = {};
   auto kernel = flash_f32_kernel<kD, kBM, kBN, kWarps>;
   cudaError_t err = ensure_smem(kernel, kSmem, smem_done);
   if (err != cudaSuccess) return err;
+  int dev = 0;
+  err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= 64 || !__atomic_load_n(&carveout_done[dev], __ATOMIC_ACQUIRE)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               static_cast<int>(cudaSharedmemCarveoutMaxShared));
+    if (err != cudaSuccess) return err;
+    if (dev < 64) __atomic_store_n(&carveout_done[dev], 1, __ATOMIC_RELEASE);
+  }
   const dim3 grid(static_cast<unsigned>(plan.row_tiles) * a.batch * a.heads_kv, 1, plan.num_splits);
   kernel<<<grid, 32 * kWarps, kSmem, stream>>>(a);
   return cudaGetLastError();
