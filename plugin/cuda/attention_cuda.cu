@@ -141,6 +141,17 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev) {
     if (plan.kind == KernelKind::kTensorCoreDecode) {
       // Memory bound: fill every resident slot once (one wave), each split >= 2 key tiles.
       if (blocks < slots) splits = std::min<int64_t>(slots / blocks, std::max(1, n_tiles / 2));
+    } else if (plan.kind == KernelKind::kFloat32) {
+      // Compute bound on the CUDA cores: the busiest SM sub-partition runs ceil(warps * s / (4 SMs))
+      // warps of 1/s of the keys each. Split when that is >= 20% less than unsplit (the combine
+      // pass costs a launch and a pass over the partials), each split >= 4 key tiles. E.g. 192
+      // 4-warp blocks on 132 SMs (seed S=1024): 2 blocks on the busiest SM, 3 of half the keys.
+      const int64_t sub = 4 * static_cast<int64_t>(dev.sms);
+      auto load = [&](int s) { return static_cast<double>((blocks * tile.warps * s + sub - 1) / sub) / s; };
+      int best = 1;
+      for (int s = 2; s <= std::min(8, n_tiles / 4); ++s)
+        if (load(s) < load(best)) best = s;
+      if (load(best) <= 0.8 * load(1)) splits = best;
     } else if (2 * blocks <= dev.sms && n_tiles >= 8) {
       splits = std::min<int64_t>(slots / blocks, n_tiles / 4);
     }
