@@ -122,7 +122,16 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev) {
     plan.kind = decode ? KernelKind::kTensorCoreDecode : KernelKind::kTensorCore;
     tile = decode ? detail::kTcDecodeTile
                   : (plan.bucket == 64 ? detail::kTcTile64 : (plan.bucket == 128 ? detail::kTcTile128 : detail::kTcTile256));
-    smem_block = 2 * (tile.block_m + 2 * tile.stages * tile.block_n) * (plan.bucket + 8);
+    // Prefill: a 2-stage K/V ring where a block fits (the per-block opt-in limit is the SM's less
+    // 1 KB) and as many blocks stay resident as with 1 stage; else 1 stage (sm_86/89 at D >= 128,
+    // sm_80 at D = 128, where 1 stage keeps 2 blocks per SM and the blocks overlap each other).
+    const int two = detail::tc_smem_bytes(plan.bucket, tile.block_m, tile.block_n, 2);
+    const int one = detail::tc_smem_bytes(plan.bucket, tile.block_m, tile.block_n, 1);
+    const bool two_fit = two + 1024 <= dev.smem_per_sm &&
+                         std::min(tile.per_sm_regs, dev.smem_per_sm / (two + 1024)) >=
+                             std::min(tile.per_sm_regs, dev.smem_per_sm / (one + 1024));
+    plan.stages = two_fit ? 2 : 1;
+    smem_block = plan.stages == 2 ? two : one;
   }
   if (plan.kind == KernelKind::kTensorCoreDecode) {  // flash_decode.cuh: a ring of K/V stages
     plan.stages = detail::decode_stages(plan.bucket, dev.smem_per_sm);

@@ -100,21 +100,21 @@ __device__ __forceinline__ void load_tile(uint16_t* smem, RowSrc row_src, int nc
   }
 }
 
-// kStages = 1: one K and one V buffer (V(j) loads during S(j), K(j+1) during P(j)V(j); two
-// barriers per tile): the small-footprint form the 1-warp decode tile uses.
-// kStages = 2: a K/V ring of two stages: K(j+1) and V(j+1) are issued at the top of tile j and land
-// during all of tile j's math; one barrier per tile (the prefill tiles).
+// `stages` (run time, from the plan): 2 = a K/V ring of two stages: K(j+1) and V(j+1) are issued
+// at the top of tile j into the other stage and land during all of tile j's math (one barrier per
+// tile). 1 = one K/V stage, loaded after the tile's math (no overlap within the block): only for
+// devices whose shared memory cannot hold two stages (sm_86/89 at D >= 128).
 // kMinBlocks: resident blocks per multiprocessor that the register allocation must allow.
-template <typename T, int kD, int kBM, int kBN, int kWarps, int kStages = 1, int kMinBlocks = 1>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const KernelArgs a) {
+template <typename T, int kD, int kBM, int kBN, int kWarps, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const KernelArgs a, int stages) {
   constexpr int kThreads = kWarps * 32;
   constexpr int kMT = kBM / (16 * kWarps);  // m16 tiles per warp
   constexpr int kNT = kBN / 8;              // n8 tiles of S per warp
   constexpr int kOT = kD / 8;               // n8 tiles of O per warp
   constexpr int kPitch = kD + 8;            // +16 bytes per row: ldmatrix rows hit distinct banks
   constexpr bool kQInRegs = kMT * (kD / 16) * 4 <= 32;
+  constexpr bool kFoldScale = kMT == 1;
   static_assert(kBM % (16 * kWarps) == 0 && kBN % 16 == 0 && kD % 16 == 0, "tile shape");
-  static_assert(kStages == 1 || kStages == 2, "stages");
 
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* const sQ = smem;                  // [kBM][kPitch]
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
   load_tile<kD, kPitch, kBM, kThreads>(sQ, q_row, a.head_dim, vec, a.q);
   if (t_begin < t_end) {
     load_k(t_begin, 0);
-    if constexpr (kStages == 2) load_v(t_begin, 0);
+    load_v(t_begin, 0);
   }
   cp_async_commit();
 
@@ -196,21 +196,25 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
   uint32_t qf[kQInRegs ? kMT : 1][kQInRegs ? kD / 16 : 1][4];
 
   for (int t = t_begin; t < t_end; ++t) {
-    const int st = kStages == 2 ? (t - t_begin) & 1 : 0;
+    const int st = stages == 2 ? (t - t_begin) & 1 : 0;
     const uint16_t* const sK = stage_k(st);
     const uint16_t* const sV = stage_v(st);
-    cp_async_wait_all();
-    if constexpr (kStages == 2) {
-      __syncthreads();  // K(t), V(t) (and Q) visible; every warp is done with tile t-1's stage
-      if (t + 1 < t_end) {
-        load_k(t + 1, st ^ 1);
-        load_v(t + 1, st ^ 1);
-      }
-    } else {
-      __syncthreads();  // K(t) (and Q) visible; every warp is done with V(t-1)
-      load_v(t, 0);
+    // One load site for both forms. 2 stages: wait for tile t (issued one tile ago), then issue
+    // t+1 into the other stage. 1 stage: once every warp is done with tile t-1, issue t and wait.
+    if (stages == 2 || t > t_begin) {
+      if (stages == 2) cp_async_wait_all();
+      __syncthreads();  // 2: K(t), V(t), Q visible; both: every warp is done with tile t-1's stage
     }
-    cp_async_commit();
+    if (stages == 2 ? t + 1 < t_end : t > t_begin) {
+      const int tl = stages == 2 ? t + 1 : t;
+      load_k(tl, st ^ (stages == 2));
+      load_v(tl, st ^ (stages == 2));
+      cp_async_commit();
+    }
+    if (stages == 1) {
+      cp_async_wait_all();
+      __syncthreads();  // K(t), V(t), Q visible
+    }
 
     if constexpr (kQInRegs) {
       if (t == t_begin) {
@@ -257,7 +261,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
     }
 
     // Scores in the log2 domain; the contract element by element only where a tile needs it.
+    // Tiles without masking keep the raw scores and fold the scale into the exponent's FFMA
+    // (`mul`; a positive scale commutes with the max exactly); others are scaled here (mul = 1).
+    // Not with 2 m16 tiles per warp: there it costs 464 bytes of spill at 255 registers.
     const int n0 = t * kBN;
+    float mul = 1.0f;
     if (elementwise) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
@@ -280,6 +288,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
             const int j = n0 + nt * 8 + (lane % 4) * 2 + (e & 1);
             s[mt][nt][e] = j < key_limit[mt][e >> 1] ? s[mt][nt][e] * a.scale_log2 : -INFINITY;
           }
+    } else if (kFoldScale && a.scale_log2 > 0.0f) {
+      mul = a.scale_log2;
     } else {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
@@ -295,19 +305,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = m_run[mt][h];
+        float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+        mx = fmaxf(m_run[mt][h], mx * mul);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float base = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
         const float alpha = fast_exp2(m_run[mt][h] - base);
         m_run[mt][h] = mx;
+        const float neg_base = -base;
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-          s[mt][nt][2 * h] = fast_exp2(s[mt][nt][2 * h] - base);
-          s[mt][nt][2 * h + 1] = fast_exp2(s[mt][nt][2 * h + 1] - base);
+          s[mt][nt][2 * h] = fast_exp2(fmaf(s[mt][nt][2 * h], mul, neg_base));
+          s[mt][nt][2 * h + 1] = fast_exp2(fmaf(s[mt][nt][2 * h + 1], mul, neg_base));
           sum += s[mt][nt][2 * h] + s[mt][nt][2 * h + 1];
         }
         l_run[mt][h] = l_run[mt][h] * alpha + sum;
@@ -328,12 +340,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
       }
     }
 
-    if constexpr (kStages == 1) {
-      cp_async_wait_all();
-      __syncthreads();  // V(t) visible; every warp is done with K(t)
-      if (t + 1 < t_end) load_k(t + 1, 0);
-      cp_async_commit();
-    }
 
     // O += P V
 #pragma unroll
@@ -391,20 +397,29 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
   }
 }
 
-// Shared memory of one block: Q tile + kStages x (K tile + V tile), rows padded by 16 bytes.
-constexpr int flash_tc_smem_bytes(int d, int block_m, int block_n, int stages) {
-  return (block_m + 2 * stages * block_n) * (d + 8) * 2;
-}
-
-template <typename T, int kD, int kBM, int kBN, int kWarps, int kStages = 1, int kMinBlocks = 1>
+template <typename T, int kD, int kBM, int kBN, int kWarps, int kMinBlocks>
 cudaError_t launch_flash_tc(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  constexpr int kSmem = flash_tc_smem_bytes(kD, kBM, kBN, kStages);
+  const int stages = plan.stages == 1 ? 1 : 2;
+  const int smem = tc_smem_bytes(kD, kBM, kBN, stages);
+  // Per device (a device always gets the same `stages`): the shared-memory limit, and all of L1
+  // as shared memory (K/V go through cp.async.cg, which bypasses L1), so that the kMinBlocks
+  // blocks per SM the plan counts on are resident.
   static int smem_done[64] = {};
-  auto kernel = flash_tc_kernel<T, kD, kBM, kBN, kWarps, kStages, kMinBlocks>;
-  cudaError_t err = ensure_smem(kernel, kSmem, smem_done);
+  static int carveout_done[64] = {};
+  auto kernel = flash_tc_kernel<T, kD, kBM, kBN, kWarps, kMinBlocks>;
+  cudaError_t err = ensure_smem(kernel, smem, smem_done);
   if (err != cudaSuccess) return err;
+  int dev = 0;
+  err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= 64 || !__atomic_load_n(&carveout_done[dev], __ATOMIC_ACQUIRE)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               static_cast<int>(cudaSharedmemCarveoutMaxShared));
+    if (err != cudaSuccess) return err;
+    if (dev < 64) __atomic_store_n(&carveout_done[dev], 1, __ATOMIC_RELEASE);
+  }
   const dim3 grid(static_cast<unsigned>(plan.row_tiles) * a.batch * a.heads_kv, 1, plan.num_splits);
-  kernel<<<grid, kWarps * 32, kSmem, stream>>>(a);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(a, stages);
   return cudaGetLastError();
 }
 

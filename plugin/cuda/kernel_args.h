@@ -52,7 +52,7 @@ struct Plan {
   int block_m = 128;    // query rows per block
   int block_n = 64;     // keys per tile
   int num_splits = 1;   // > 1: split-KV with a combine pass
-  int stages = 2;       // decode kernel: depth of its K/V cp.async ring (decode_stages)
+  int stages = 2;       // K/V cp.async ring depth: decode (decode_stages) and prefill (1 or 2)
   int row_tiles = 0;    // ceil(rows / block_m)
 };
 
@@ -79,15 +79,19 @@ OPSFUSE_DECLARE_TC(run_f32_d256);
 // registers ptxas reports for sm_90, rounded up to 8)); the heuristic also bounds it by shared memory.
 struct TileShape {
   int block_m, block_n, warps, per_sm_regs;
-  int stages = 1;  // tensor-core tiles: K/V shared-memory stages (flash_tc.cuh)
 };
-// Tensor-core prefill tiles: 2 K/V stages; per_sm_regs is also the kernel's __launch_bounds__
-// minimum of resident blocks (ptxas must fit the registers to it, 0 bytes of spill).
+// Tensor-core prefill tiles (flash_tc.cuh); per_sm_regs is also the kernel's __launch_bounds__
+// minimum of resident blocks (ptxas must fit the registers to it with 0 bytes of spill).
 // 64x64 for D <= 64: 1 m16 tile per warp with Q in registers, 3 blocks/SM, and twice the blocks of
 // a 128-row tile for the small grids (B*H = 12 at S = 128..2048 is 12..192 128-row blocks).
-constexpr TileShape kTcTile64{64, 64, 4, 3, 2};     // 151 registers, 46 KB shared
-constexpr TileShape kTcTile128{128, 64, 4, 2, 2};   // 255 registers, 104 KB shared
-constexpr TileShape kTcTile256{64, 32, 4, 2, 2};    // 228 registers, 101 KB shared
+constexpr TileShape kTcTile64{64, 64, 4, 3};    // 163 registers, 46 KB shared (2 stages)
+constexpr TileShape kTcTile128{128, 64, 4, 2};  // 255 registers, 104 KB shared (2 stages)
+constexpr TileShape kTcTile256{64, 32, 4, 2};   // 228 registers, 101 KB shared (2 stages)
+// Shared memory of a tensor-core prefill block: the Q tile and `stages` x (K tile + V tile), 16-bit
+// elements, rows padded by 16 bytes.
+constexpr int tc_smem_bytes(int bucket, int block_m, int block_n, int stages) {
+  return (block_m + 2 * stages * block_n) * (bucket + 8) * 2;
+}
 constexpr TileShape kTcDecodeTile{16, 64, 4, 3};  // flash_decode.cuh: 4 warps x 16 of 64 keys, 162 registers
 // Float32 tiles (flash_f32.cuh): a prefill tile and a 1-warp "small" tile per bucket; choose_plan()
 // takes the small one when the prefill tile's grid leaves the multiprocessors unevenly loaded.

@@ -6,7 +6,7 @@ namespace opsfuse::cuda::detail {
 
 cudaError_t run_tc_f16_d128(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   constexpr TileShape t = kTcTile128;
-  return launch_flash_tc<__half, 128, t.block_m, t.block_n, t.warps, t.stages, t.per_sm_regs>(a, plan, stream);
+  return launch_flash_tc<__half, 128, t.block_m, t.block_n, t.warps, t.per_sm_regs>(a, plan, stream);
 }
 
 }  // namespace opsfuse::cuda::detail
