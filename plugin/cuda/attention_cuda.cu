@@ -1,12 +1,23 @@
 // The CUDA FusedAttention launcher (attention_cuda.h): validates the params, turns them into
 // KernelArgs, chooses the kernel and the KV split with choose_plan() (the one heuristic), launches
 // on the caller's stream and, for split-KV, the combine pass. Never synchronizes, never allocates.
+//
+// Hopper: when the library was built with CMAKE_CUDA_ARCHITECTURES including 90 (OPSFUSE_CUDA_HOPPER)
+// and the device is compute capability 9.0, choose_plan() takes the sm_90a kernel (hopper/: wgmma,
+// TMA, warp specialization) for the float16/bfloat16 prefill cases it covers (hopper_eligible()).
+// Environment, read at every launch (a benchmark or test can compare both kernels in one process):
+//   OPSFUSE_CUDA_DISABLE_HOPPER=1  the portable kernels only.
+//   OPSFUSE_CUDA_FORCE_HOPPER=1    (tests) the Hopper kernel also where the portable plan would split
+//                                  the keys (small grids, long Sk), which it otherwise keeps.
+// workspace_size() always answers for the portable plan (a superset: the Hopper kernel needs none),
+// so neither variable can make a launch short of workspace.
 #include "attention_cuda.h"
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -22,6 +33,7 @@ using detail::KernelKind;
 using detail::Plan;
 
 thread_local std::string g_last_error;
+thread_local int g_last_kind = -1;  // KernelKind of this thread's last kernel launch (test hook)
 
 Status fail(Status s, const std::string& msg) {
   g_last_error = msg;
@@ -39,25 +51,33 @@ Status cuda_fail(cudaError_t err, const char* what) {
 struct DeviceInfo {
   int sms = 0;
   int smem_per_sm = 0;  // bytes of shared memory per multiprocessor
+  int cc = 0;           // compute capability, major * 10 + minor
 };
 
 cudaError_t device_info(DeviceInfo* out) {
   static int cache_sms[64] = {};
   static int cache_smem[64] = {};
+  static int cache_cc[64] = {};
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev < 64 && __atomic_load_n(&cache_sms[dev], __ATOMIC_ACQUIRE) > 0) {
     out->smem_per_sm = __atomic_load_n(&cache_smem[dev], __ATOMIC_ACQUIRE);
+    out->cc = __atomic_load_n(&cache_cc[dev], __ATOMIC_ACQUIRE);
     out->sms = __atomic_load_n(&cache_sms[dev], __ATOMIC_ACQUIRE);
     return cudaSuccess;
   }
+  int cc_major = 0, cc_minor = 0;
   err = cudaDeviceGetAttribute(&out->sms, cudaDevAttrMultiProcessorCount, dev);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&out->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (err != cudaSuccess) return err;
+  out->cc = cc_major * 10 + cc_minor;
   if (dev < 64) {
     __atomic_store_n(&cache_smem[dev], out->smem_per_sm, __ATOMIC_RELEASE);
+    __atomic_store_n(&cache_cc[dev], out->cc, __ATOMIC_RELEASE);
     __atomic_store_n(&cache_sms[dev], out->sms, __ATOMIC_RELEASE);
   }
   return cudaSuccess;
@@ -82,6 +102,49 @@ cudaError_t select_stream_device(cudaStream_t stream) {
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+// OPSFUSE_CUDA_DISABLE_HOPPER=1: never take the Hopper kernel (read at every call, see the top).
+bool env_flag(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && e[0] == '1';
+}
+
+// The layout TMA can address (hopper/hopper_host.cu encodes it): a 16-byte aligned base, and
+// every stride that is stepped over (extent > 1) positive, a multiple of 16 bytes, below 2^40.
+bool tma_layout_ok(const void* ptr, const int64_t stride[3], int64_t batch, int64_t heads, int64_t rows) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  const int64_t extent[3] = {batch, heads, rows};
+  for (int i = 0; i < 3; ++i) {
+    if (extent[i] <= 1) continue;
+    const int64_t bytes = stride[i] * 2;
+    if (stride[i] <= 0 || bytes % 16 != 0 || bytes >= (int64_t{1} << 40)) return false;
+  }
+  return true;
+}
+
+// Whether the Hopper kernel (hopper/hopper_fwd.cuh) covers a launch whose portable plan is `plan`:
+// compiled in, a compute capability 9.0 device, not disabled, float16/bfloat16, D = Dv in {64, 128},
+// a prefill plan without a KV split (decode shapes, and small grids with long key sequences where
+// the portable kernel splits the keys, keep the portable kernels; the Hopper kernel has no split
+// yet), TMA-addressable Q/K/V.
+bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
+#ifndef OPSFUSE_CUDA_HOPPER
+  (void)p, (void)dev, (void)plan;
+  return false;
+#else
+  if (dev.cc != 90 || plan.kind != KernelKind::kTensorCore) return false;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
+  if (p.head_dim != p.head_dim_v || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  if (p.seq_k < 1 || p.seq_q < 1) return false;
+  if (ceil_div(p.seq_q, 128) * p.batch * p.heads_q >= INT_MAX) return false;
+  if (!tma_layout_ok(p.q, p.q_stride, p.batch, p.heads_q, p.seq_q) ||
+      !tma_layout_ok(p.k, p.k_stride, p.batch, p.heads_kv, p.seq_k) ||
+      !tma_layout_ok(p.v, p.v_stride, p.batch, p.heads_kv, p.seq_k))
+    return false;
+  if (env_flag("OPSFUSE_CUDA_DISABLE_HOPPER")) return false;
+  return plan.num_splits == 1 || env_flag("OPSFUSE_CUDA_FORCE_HOPPER");
+#endif
+}
+
 // THE heuristic: which kernel, which tiles, how many KV splits. Depends on shapes, dtype and the
 // device's multiprocessor count only (never on data), so workspace_size() and launch() agree.
 //  - float32 -> the SIMT kernel (true float32).
@@ -93,7 +156,9 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 //  (memory bound: bytes in flight matter, and a second partial wave would idle most of the chip);
 //  prefill tiles split only when the grid leaves at least half of the multiprocessors idle and
 //  each split keeps >= 4 key tiles (the combine pass is not free).
-Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev) {
+//  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
+//  covers becomes KernelKind::kHopper (128x128 tiles, no split).
+Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hopper = true) {
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
   plan.bucket = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
@@ -166,6 +231,14 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev) {
     }
   }
   plan.num_splits = std::max(1, std::min(splits, 128));
+  if (allow_hopper && hopper_eligible(p, dev, plan)) {
+    // hopper/hopper_fwd.cuh: 128 query rows of one (batch, query head) per block, 128-key tiles.
+    plan.kind = KernelKind::kHopper;
+    plan.block_m = 128;
+    plan.block_n = 128;
+    plan.row_tiles = ceil_div(p.seq_q, 128);
+    plan.num_splits = 1;
+  }
   return plan;
 }
 
@@ -262,6 +335,16 @@ RunFn pick_kernel(const AttentionParams& p, const Plan& plan) {
       static const RunFn bf[3] = {run_tc_bf16_d64, run_tc_bf16_d128, run_tc_bf16_d256};
       return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
     }
+    case KernelKind::kHopper: {
+#ifdef OPSFUSE_CUDA_HOPPER
+      static const RunFn h[2] = {run_hopper_f16_d64, run_hopper_f16_d128};
+      static const RunFn bf[2] = {run_hopper_bf16_d64, run_hopper_bf16_d128};
+      if (bi > 1) return nullptr;
+      return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
+#else
+      return nullptr;
+#endif
+    }
   }
   return nullptr;
 }
@@ -273,7 +356,7 @@ size_t workspace_size(const AttentionParams& p) {
   if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return 0;
   DeviceInfo dev;
   if (device_info(&dev) != cudaSuccess) return 0;
-  return workspace_for(p, choose_plan(p, dev));
+  return workspace_for(p, choose_plan(p, dev, /*allow_hopper=*/false));  // see the top
 }
 
 Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
@@ -349,6 +432,7 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
 
   const RunFn run = pick_kernel(p, plan);
   if (run == nullptr) return fail(Status::kUnsupported, "no compiled kernel for this configuration");
+  g_last_kind = static_cast<int>(plan.kind);
   err = run(a, plan, stream);
   if (err != cudaSuccess) return cuda_fail(err, "launching the FusedAttention kernel");
   if (plan.num_splits > 1) {
@@ -363,5 +447,9 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
 }
 
 const char* last_error_message() { return g_last_error.c_str(); }
+
+namespace detail {
+int last_launch_kind() { return g_last_kind; }
+}  // namespace detail
 
 }  // namespace opsfuse::cuda

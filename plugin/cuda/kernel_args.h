@@ -44,7 +44,12 @@ struct KernelArgs {
 };
 
 // Which compiled kernel runs, chosen by choose_plan() in attention_cuda.cu (the one heuristic).
-enum class KernelKind : int { kTensorCore = 0, kTensorCoreDecode = 1, kFloat32 = 2 };
+// kHopper: the sm_90a kernel (hopper/hopper_fwd.cuh), compiled only when CMAKE_CUDA_ARCHITECTURES
+// includes 90 (then OPSFUSE_CUDA_HOPPER is defined for attention_cuda.cu).
+enum class KernelKind : int { kTensorCore = 0, kTensorCoreDecode = 1, kFloat32 = 2, kHopper = 3 };
+
+// Test hook (attention_cuda.cu): the KernelKind of the calling thread's last launched kernel, -1 if none.
+int last_launch_kind();
 
 struct Plan {
   KernelKind kind = KernelKind::kTensorCore;
@@ -72,6 +77,10 @@ OPSFUSE_DECLARE_TC(run_tcdec_bf16_d128);
 OPSFUSE_DECLARE_TC(run_f32_d64);
 OPSFUSE_DECLARE_TC(run_f32_d128);
 OPSFUSE_DECLARE_TC(run_f32_d256);
+OPSFUSE_DECLARE_TC(run_hopper_f16_d64);  // hopper/*.cu, sm_90a only
+OPSFUSE_DECLARE_TC(run_hopper_f16_d128);
+OPSFUSE_DECLARE_TC(run_hopper_bf16_d64);
+OPSFUSE_DECLARE_TC(run_hopper_bf16_d128);
 #undef OPSFUSE_DECLARE_TC
 
 // Tile shapes of each configuration, shared by the heuristic and the instantiations.

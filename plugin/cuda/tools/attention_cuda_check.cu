@@ -3,9 +3,17 @@
 // masked rows) against a float64 host reference, with NaN-poisoned outputs. Small on purpose: it
 // is the program compute-sanitizer runs (memcheck, racecheck) in scripts/gpu_run.sh.
 // Exit code 0 when every case is within tolerance, 1 otherwise.
+//
+// Hopper cases ("hop ..."): each runs twice on the same data, once as the launcher chooses (the
+// sm_90a kernel on a compute capability 9.0 device when the library has it) and once with
+// OPSFUSE_CUDA_DISABLE_HOPPER=1 (the portable kernel; the first run sets OPSFUSE_CUDA_FORCE_HOPPER=1
+// so that small grids take the Hopper kernel too); both against the reference, and on a 9.0
+// device with the Hopper objects built in, the first run must really have taken the Hopper kernel.
+// `--bench`: kernel time of the prefill grid with the Hopper kernel on and off (CUDA events).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -15,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/attention_cuda.h"
+#include "cuda/kernel_args.h"
 
 using opsfuse::AttentionParams;
 using opsfuse::DType;
@@ -212,10 +221,102 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream) {
   return ok;
 }
 
+// Runs `c` twice on the same data (same rng seed): Hopper kernel allowed, then disabled.
+bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hopper_expected) {
+  bool ok = true;
+  int kinds[2] = {-1, -1};
+  for (int pass = 0; pass < 2; ++pass) {
+    // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
+    if (pass == 0) {
+      unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
+      setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
+    } else {
+      unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
+      setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
+    }
+    std::mt19937 rng(seed);
+    std::printf("  [%s] ", pass == 0 ? "hopper  " : "portable");
+    ok = run_case(c, rng, stream) && ok;
+    kinds[pass] = opsfuse::cuda::detail::last_launch_kind();
+  }
+  unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
+  const int hopper = static_cast<int>(opsfuse::cuda::detail::KernelKind::kHopper);
+  if (kinds[1] == hopper || (hopper_expected && kinds[0] != hopper)) {
+    std::printf("FAIL %-28s kernel kinds %d / %d (Hopper = %d expected on the first run only)\n", c.name, kinds[0],
+                kinds[1], hopper);
+    ok = false;
+  }
+  return ok;
+}
+
+// --bench: bf16 prefill, D = 128, kernel time with the Hopper kernel on and off.
+int run_bench(cudaStream_t stream) {
+  struct B { int b, h, s, causal; };
+  const B grid[] = {{8, 16, 1024, 0}, {8, 16, 4096, 0}, {2, 16, 16384, 0},
+                    {8, 16, 1024, 1}, {8, 16, 4096, 1}, {2, 16, 16384, 1}};
+  const int D = 128;
+  for (const B& g : grid) {
+    const size_t n = size_t(g.b) * g.h * g.s * D;
+    void *q, *k, *v, *y;
+    CHECK_CUDA(cudaMalloc(&q, n * 2));
+    CHECK_CUDA(cudaMalloc(&k, n * 2));
+    CHECK_CUDA(cudaMalloc(&v, n * 2));
+    CHECK_CUDA(cudaMalloc(&y, n * 2));
+    CHECK_CUDA(cudaMemset(q, 0x3c, n * 2));
+    CHECK_CUDA(cudaMemset(k, 0x3b, n * 2));
+    CHECK_CUDA(cudaMemset(v, 0x3d, n * 2));
+    AttentionParams p;
+    p.q = q, p.k = k, p.v = v, p.y = y;
+    p.dtype = DType::kBFloat16;
+    p.batch = g.b, p.heads_q = g.h, p.heads_kv = g.h, p.seq_q = g.s, p.seq_k = g.s, p.head_dim = D, p.head_dim_v = D;
+    const int64_t st[3] = {int64_t(g.h) * g.s * D, int64_t(g.s) * D, D};
+    for (int i = 0; i < 3; ++i) p.q_stride[i] = p.k_stride[i] = p.v_stride[i] = p.y_stride[i] = st[i];
+    p.scale = 1.0f / std::sqrt(float(D));
+    p.is_causal = g.causal;
+    const double flops = 4.0 * g.b * g.h * double(g.s) * g.s * D * (g.causal ? 0.5 : 1.0);
+    std::printf("bench bf16 D=128 B=%d H=%d S=%d causal=%d:", g.b, g.h, g.s, g.causal);
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 0) unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
+      else setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
+      const size_t wsb = opsfuse::cuda::workspace_size(p);
+      void* ws = nullptr;
+      if (wsb) CHECK_CUDA(cudaMalloc(&ws, wsb));
+      cudaEvent_t e0, e1;
+      CHECK_CUDA(cudaEventCreate(&e0));
+      CHECK_CUDA(cudaEventCreate(&e1));
+      const int iters = g.s >= 16384 ? 5 : 20;
+      bool ok = opsfuse::cuda::launch(p, ws, wsb, stream) == opsfuse::Status::kOk;  // warm-up
+      const int kind = opsfuse::cuda::detail::last_launch_kind();
+      CHECK_CUDA(cudaEventRecord(e0, stream));
+      for (int i = 0; i < iters && ok; ++i) ok = opsfuse::cuda::launch(p, ws, wsb, stream) == opsfuse::Status::kOk;
+      CHECK_CUDA(cudaEventRecord(e1, stream));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      const double us = 1000.0 * ms / iters;
+      if (ok) std::printf("  %s(kind %d) %.1f us %.0f TFLOP/s", pass == 0 ? "hopper-on " : "hopper-off ", kind, us,
+                          flops / us * 1e-6);
+      else std::printf("  %s launch failed: %s", pass == 0 ? "hopper-on" : "hopper-off",
+                       opsfuse::cuda::last_error_message());
+      CHECK_CUDA(cudaEventDestroy(e0));
+      CHECK_CUDA(cudaEventDestroy(e1));
+      if (ws) CHECK_CUDA(cudaFree(ws));
+    }
+    unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
+    std::printf("\n");
+    CHECK_CUDA(cudaFree(q));
+    CHECK_CUDA(cudaFree(k));
+    CHECK_CUDA(cudaFree(v));
+    CHECK_CUDA(cudaFree(y));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool bench = argc > 1 && std::strcmp(argv[1], "--bench") == 0;
   const DType F = DType::kFloat32, H = DType::kFloat16, BF = DType::kBFloat16;
   const MaskKind N = MaskKind::kNone, MB = MaskKind::kBool, MA = MaskKind::kAdditive;
   const Case cases[] = {
@@ -232,14 +333,47 @@ int main(int argc, char** argv) {
       {"f32 decode split d128", F, 2, 8, 8, 1, 3000, 128, 128, 0, 0.f, N, 0, 0},
       {"bf16 prefill split 8x4096", BF, 1, 1, 1, 8, 4096, 128, 128, 0, 0.f, N, 0, 0},
   };
+  // Cases for the Hopper kernel (D = Dv in {64, 128}, float16 / bfloat16): odd sizes (not multiples of
+  // the 128x128 tiles), causal 1 and 2, masks (bool with fully masked rows, additive), softcap,
+  // key_lengths (incl. 0: every row of batch 0 fully masked, and > Sk: clamped), GQA group 4.
+  const Case hopper_cases[] = {
+      {"hop bf16 d128 1000x1537", BF, 1, 2, 2, 1000, 1537, 128, 128, 0, 0.f, N, 0, 0},
+      {"hop f16 d64 causal1 gqa4", H, 2, 8, 2, 300, 300, 64, 64, 1, 0.f, N, 0, 0},
+      {"hop bf16 d128 causal2 kl32", BF, 3, 2, 1, 200, 777, 128, 128, 2, 0.f, N, 0, 32},
+      {"hop f16 d128 boolmask softcap", H, 2, 4, 2, 257, 520, 128, 128, 0, 30.f, MB, 4, 0},
+      {"hop bf16 d64 addmask gqa4", BF, 1, 4, 1, 130, 129, 64, 64, 0, 0.f, MA, 2, 0},
+      {"hop f16 d64 causal1 kl64", H, 3, 2, 2, 513, 513, 64, 64, 1, 0.f, MB, 2, 64},
+      {"hop bf16 d128 causal1 1000x1000", BF, 1, 2, 2, 1000, 1000, 128, 128, 1, 0.f, N, 0, 0},
+  };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (bench) {
+    const int r = run_bench(stream);
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    return r;
+  }
   std::mt19937 rng(1234);
   int failed = 0, n = 0;
   for (const Case& c : cases) {
     if (quick && n >= 6) break;
     ++n;
     failed += run_case(c, rng, stream) ? 0 : 1;
+  }
+  // The Hopper kernel must be taken on a compute capability 9.0 device when it was built in.
+  int dev = 0, major = 0, minor = 0;
+  CHECK_CUDA(cudaGetDevice(&dev));
+  CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+#ifdef OPSFUSE_CUDA_HOPPER
+  const bool hopper_expected = major == 9 && minor == 0;
+#else
+  const bool hopper_expected = false;
+#endif
+  int hn = 0;
+  for (const Case& c : hopper_cases) {
+    if (quick && hn >= 2) break;
+    ++hn, ++n;
+    failed += run_hopper_pair(c, 777u + hn, stream, hopper_expected) ? 0 : 1;
   }
   CHECK_CUDA(cudaStreamDestroy(stream));
   std::printf("%d of %d cases failed\n", failed, n);

@@ -1,0 +1,467 @@
+// Internal to plugin/cuda: the Hopper (sm_90a) FusedAttention forward kernel for float16 /
+// bfloat16, head sizes D = Dv = 64 or 128. Compiled only for sm_90a (hopper/*.cu); the launcher
+// (attention_cuda.cu, choose_plan) takes it on compute capability 9.0 devices for the cases it
+// covers and keeps the portable mma.sync kernel (flash_tc.cuh) for everything else.
+//
+// Design (one block = 128 query rows of one (batch, query head); 3 warpgroups, 384 threads):
+//  - warpgroup 0, the producer: gives its registers away (setmaxnreg.dec 24); one thread issues
+//    the TMA loads (cp.async.bulk.tensor, 128-byte swizzle) of the Q tile once and of the K and V
+//    tiles into a kStages-deep shared-memory ring, each with a "full" mbarrier (transaction bytes)
+//    and an "empty" mbarrier that the consumers release.
+//  - warpgroups 1 and 2, the consumers (setmaxnreg.inc 240): 64 query rows each.
+//      S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (both K-major),
+//      score       scale, softcap, mask, causal, key_lengths on the S accumulators (kernel_common.cuh)
+//      softmax     online, in registers, log2 domain, ex2.approx
+//      O += P V    wgmma m64nDk16, A = P from registers (re-packed S accumulators), B = V from
+//                  shared memory, N(=Dv)-major (transpose flag).
+//    Within a warpgroup, softmax(j) runs while the tensor cores do P(j-1) V(j-1): per iteration,
+//    S(j) and P(j-1)V(j-1) are issued back to back, the warpgroup waits for S(j) only, does the
+//    softmax, then waits for the P V product before re-packing P(j) (FlashAttention-3's
+//    intra-warpgroup overlap); the two consumer warpgroups also overlap each other.
+//  - Causal: key tiles past the block's last visible key are never loaded; GQA: K/V of kv head
+//    h / group (each query head its own blocks, K/V reuse through L2); keys >= Sk arrive as zeros
+//    (TMA out-of-bounds fill) and are masked to -inf; query rows >= Sq are zero-filled by TMA and
+//    never stored. Fully masked rows keep max -inf, their exponent base is 0 so P = 0, l = 0 and
+//    the epilogue writes 0 (never NaN), as in flash_tc.cuh.
+//
+// Why raw PTX (inline asm) and not CUTLASS/CuTe: the kernel needs ~10 instructions (wgmma
+// fence/commit/wait/mma_async, cp.async.bulk.tensor, mbarrier init/arrive/expect_tx/try_wait,
+// setmaxnreg); inline PTX keeps the build free of a ~100 MB header dependency that CI would have
+// to fetch, and each translation unit compiles in seconds instead of minutes. The price is that
+// the shared-memory layouts and wgmma descriptors are spelled out here by hand (see smem_desc()).
+//
+// Shared-memory layouts (PTX ISA, "canonical layouts" of wgmma; byte addresses, the hardware
+// applies the 128-byte swizzle: bits [4,7) ^= bits [7,10), so every region is 1024-byte aligned):
+//  - Q, K (K-major): a tile of R rows x 64 columns (128 bytes per row) is one region of R * 128
+//    bytes, row r at r * 128, exactly what TMA writes for a (64, R) box with SWIZZLE_128B. D = 128
+//    is two such regions (columns 0-63, 64-127). Descriptor: SBO = 1024 (8-row groups), LBO unused
+//    (encoded 1); k-step kk (16 columns = 32 bytes) starts at region kk / 4, byte (kk % 4) * 32.
+//  - V (MN-major for O += P V: B[k = key][n = column]): same regions (rows = keys). Descriptor with
+//    the transpose flag: LBO = bytes between 64-column regions (kBN * 128), SBO = 1024 (8 keys);
+//    k-step kk (16 keys) starts at kk * 16 * 128 bytes.
+#pragma once
+
+#include <type_traits>
+
+#include <cuda.h>  // CUtensorMap (types only: nothing links libcuda)
+
+#include "../kernel_common.cuh"
+#include "wgmma_ops.inc"
+
+namespace opsfuse::cuda::detail {
+
+namespace hopper {
+
+constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
+constexpr int kBN = 128;          // keys per tile
+constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerWarps = 8;
+
+template <int kD>
+struct Config {
+  static constexpr int kStages = kD == 64 ? 3 : 2;
+  static constexpr int kQBytes = kBM * kD * 2;
+  static constexpr int kKVBytes = kBN * kD * 2;  // one K (or V) tile
+  static constexpr int kSmem = kQBytes + 2 * kStages * kKVBytes + 1024;  // + alignment slack
+};
+
+// --- PTX wrappers ---------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase with parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// TMA: box of the 4-D tensor map at coordinates (c0 = column, c1 = row, c2 = head, c3 = batch)
+// into shared memory; completion is signalled on `bar` as transaction bytes.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving register reads/writes across the asynchronous wgmma boundaries.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63), base offset 0.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_qk(float (&d)[64], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (std::is_same_v<T, __half>) {
+    OPSFUSE_WGMMA_SS_N128(".f16.f16");
+  } else {
+    OPSFUSE_WGMMA_SS_N128(".bf16.bf16");
+  }
+}
+template <typename T, int kD>
+__device__ __forceinline__ void mma_pv(float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  const uint32_t scale_d = 1;
+  if constexpr (kD == 128) {
+    if constexpr (std::is_same_v<T, __half>) {
+      OPSFUSE_WGMMA_RS_N128(".f16.f16");
+    } else {
+      OPSFUSE_WGMMA_RS_N128(".bf16.bf16");
+    }
+  } else {
+    if constexpr (std::is_same_v<T, __half>) {
+      OPSFUSE_WGMMA_RS_N64(".f16.f16");
+    } else {
+      OPSFUSE_WGMMA_RS_N64(".bf16.bf16");
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x0, float x1) {
+  T tmp[2] = {from_float<T>(x0), from_float<T>(x1)};
+  return *reinterpret_cast<const uint32_t*>(tmp);
+}
+
+// --- the kernel -----------------------------------------------------------------------------------
+// Accumulator layout of wgmma m64nN (per warpgroup thread t, warp w = t / 32, lane l): register
+// d[i * 4 + h * 2 + e] holds row 16 w + l / 4 + 8 h, column 8 i + 2 (l % 4) + e. The A-from-registers
+// fragment of m64n*k16 for k-step kk: a[0] = (row l/4, keys 16kk + 2(l%4) + {0,1}), a[1] = row + 8,
+// a[2] / a[3] = the same with keys + 8 -- i.e. S columns 16 kk .. 16 kk + 15 re-packed in place.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
+                      const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+  using Cfg = Config<kD>;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
+
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bars[1 + 4 * kStages];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base;
+  const uint32_t sK = sQ + Cfg::kQBytes;                 // stage s at sK + s * kKVBytes
+  const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kKVBytes
+  const uint32_t bar_q = smem_u32(&bars[0]);
+  auto bar_kfull = [&](int s) { return smem_u32(&bars[1 + s]); };
+  auto bar_vfull = [&](int s) { return smem_u32(&bars[1 + kStages + s]); };
+  auto bar_kempty = [&](int s) { return smem_u32(&bars[1 + 2 * kStages + s]); };
+  auto bar_vempty = [&](int s) { return smem_u32(&bars[1 + 3 * kStages + s]); };
+
+  // Block -> (batch, query head, row tile); row tiles of one head are adjacent (K/V reuse in L2),
+  // heaviest (causal) first.
+  const int n_rt = (a.seq_q + kBM - 1) / kBM;
+  const int bh = blockIdx.x / n_rt;
+  const int rt = n_rt - 1 - static_cast<int>(blockIdx.x % n_rt);
+  const int b = bh / a.heads_q, h = bh % a.heads_q;
+  const int hk = h / a.group;
+  const int row0 = rt * kBM;
+  const int len = key_length_of(a, b);
+  // key_range() works on packed rows (head-in-group * Sq + position).
+  const int g = h - hk * a.group;
+  const KeyRange kr = key_range(a, g * a.seq_q + row0, g * a.seq_q + min(row0 + kBM, a.seq_q) - 1, len);
+  const int n_tiles = (kr.n_end + kBN - 1) / kBN;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_kfull(s), 1);
+      mbar_init(bar_vfull(s), 1);
+      mbar_init(bar_kempty(s), kConsumerWarps);
+      mbar_init(bar_vempty(s), kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid == 0) {
+      mbar_expect_tx(bar_q, Cfg::kQBytes);
+#pragma unroll
+      for (int c = 0; c < kRegions; ++c) tma_load_4d(sQ + c * kBM * 128, &tm_q, bar_q, c * 64, row0, h, b);
+      for (int it = 0; it < n_tiles; ++it) {
+        const int s = it % kStages;
+        const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;  // first use of a stage passes at once
+        mbar_wait(bar_kempty(s), empty_parity);
+        mbar_expect_tx(bar_kfull(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < kRegions; ++c)
+          tma_load_4d(sK + s * Cfg::kKVBytes + c * kBN * 128, &tm_k, bar_kfull(s), c * 64, it * kBN, hk, b);
+        mbar_wait(bar_vempty(s), empty_parity);
+        mbar_expect_tx(bar_vfull(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < kRegions; ++c)
+          tma_load_4d(sV + s * Cfg::kKVBytes + c * kBN * 128, &tm_v, bar_vfull(s), c * 64, it * kBN, hk, b);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int cw = wg - 1;            // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
+  const int t = tid % 128;
+  const int warp = t / 32, lane = t % 32;
+  const int rbase = row0 + cw * 64 + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
+
+  // Per-row contract data (two rows per thread).
+  RowInfo ri[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int pos = rbase + hh * 8;
+    ri[hh].valid = pos < a.seq_q;
+    ri[hh].head = h;
+    ri[hh].pos = ri[hh].valid ? pos : 0;
+    int lim = len;
+    if (a.causal) lim = min(lim, ri[hh].pos + a.causal_offset + 1);
+    ri[hh].key_limit = ri[hh].valid ? max(lim, 0) : 0;
+    ri[hh].mask_off = b * a.mask_stride[0] + h * a.mask_stride[1] + ri[hh].pos * a.mask_stride[2];
+  }
+  const bool elementwise = a.mask_kind != 0 || a.softcap > 0.0f;
+
+  float o[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  float alpha[2] = {1.0f, 1.0f};
+  float s[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = 0.0f;
+  uint32_t p[kBN / 16][4];
+
+  const uint32_t q_off = sQ + cw * 64 * 128;  // this warpgroup's 64 rows in each Q region
+  auto issue_qk = [&](int stage) {
+    const uint32_t kb = sK + stage * Cfg::kKVBytes;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t col = (kk % 4) * 32;
+      const uint64_t da = smem_desc(q_off + (kk / 4) * (kBM * 128) + col, 16, 1024);
+      const uint64_t db = smem_desc(kb + (kk / 4) * (kBN * 128) + col, 16, 1024);
+      mma_qk<T>(s, da, db, kk == 0 ? 0u : 1u);
+    }
+  };
+  auto issue_pv = [&](int stage) {
+    const uint32_t vb = sV + stage * Cfg::kKVBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) mma_pv<T, kD>(o, p[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
+  };
+  // Scores of tile `it` in the log2 domain, online softmax; s becomes exp2(s - max).
+  auto softmax = [&](int it) {
+    const int n0 = it * kBN;
+    const int c0 = 2 * (lane % 4);
+    if (elementwise) {
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[i * 4 + e] = full_score<T>(a, s[i * 4 + e], ri[e >> 1], n0 + i * 8 + c0 + (e & 1));
+    } else if (n0 + kBN > kr.all_visible) {  // causal / key_lengths / Sk boundary tile
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = n0 + i * 8 + c0 + (e & 1);
+          s[i * 4 + e] = j < ri[e >> 1].key_limit ? s[i * 4 + e] * a.scale_log2 : -INFINITY;
+        }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) s[i] *= a.scale_log2;
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = m_run[hh];
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i) mx = fmaxf(mx, fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mbase = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
+      alpha[hh] = ex2(m_run[hh] - mbase);
+      m_run[hh] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i) {
+        s[i * 4 + 2 * hh] = ex2(s[i * 4 + 2 * hh] - mbase);
+        s[i * 4 + 2 * hh + 1] = ex2(s[i * 4 + 2 * hh + 1] - mbase);
+        sum += s[i * 4 + 2 * hh] + s[i * 4 + 2 * hh + 1];
+      }
+      l_run[hh] = l_run[hh] * alpha[hh] + sum;
+    }
+  };
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      p[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+      p[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+      p[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+      p[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+    }
+  };
+  // Keys >= key_lengths[b] inside the tile that holds that bound are real memory (TMA only
+  // zero-fills beyond Sk) and may hold anything, NaN included, in a padded cache: their P is 0, but
+  // 0 * NaN is NaN, so the two consumer warpgroups zero those V rows before using the tile
+  // (generic-proxy stores shared between them, a proxy fence for wgmma, a 256-thread barrier;
+  // both reach it for the same tile, once per block at most).
+  auto zero_v_tail = [&](int stage, int tile) {
+    const int from = len - tile * kBN;
+    if (a.key_lengths == nullptr || from <= 0 || from >= kBN) return;
+    const uint32_t vb = sV + stage * Cfg::kKVBytes;
+    for (int idx = t + 128 * cw; idx < (kBN - from) * kRegions * 8; idx += 256) {
+      const int chunk = idx % 8, rr = from + (idx / 8) % (kBN - from), reg = idx / (8 * (kBN - from));
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(vb + reg * kBN * 128 + rr * 128 + chunk * 16),
+                   "r"(0u)
+                   : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  };
+  auto rescale_o = [&]() {
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      o[i * 4 + 0] *= alpha[0];
+      o[i * 4 + 1] *= alpha[0];
+      o[i * 4 + 2] *= alpha[1];
+      o[i * 4 + 3] *= alpha[1];
+    }
+  };
+
+  mbar_wait(bar_q, 0);
+  __syncwarp();
+  if (n_tiles > 0) {
+    // Tile 0: S(0), softmax(0), P(0).
+    mbar_wait(bar_kfull(0), 0);
+    __syncwarp();
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(s);
+    if (lane == 0) mbar_arrive(bar_kempty(0));
+    softmax(0);
+    pack_p();
+    for (int it = 1; it < n_tiles; ++it) {
+      const int st = it % kStages, prev = (it - 1) % kStages;
+      rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added
+      mbar_wait(bar_kfull(st), (it / kStages) & 1);
+      mbar_wait(bar_vfull(prev), ((it - 1) / kStages) & 1);
+      __syncwarp();
+      zero_v_tail(prev, it - 1);
+      wgmma_fence();
+      issue_qk(st);
+      wgmma_commit();
+      issue_pv(prev);
+      wgmma_commit();
+      wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
+      reg_fence(s);
+      if (lane == 0) mbar_arrive(bar_kempty(st));
+      softmax(it);
+      wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the P registers are free again
+      reg_fence(o);
+      reg_fence(p);
+      if (lane == 0) mbar_arrive(bar_vempty(prev));
+      pack_p();
+    }
+    const int last = (n_tiles - 1) % kStages;
+    rescale_o();
+    mbar_wait(bar_vfull(last), ((n_tiles - 1) / kStages) & 1);
+    __syncwarp();
+    zero_v_tail(last, n_tiles - 1);
+    wgmma_fence();
+    issue_pv(last);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(o);
+  }
+
+  // Epilogue: row sums across the quad, normalize, store (fully masked rows: l = 0 -> 0).
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = l_run[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (!ri[hh].valid) continue;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + h * a.y_stride[1] + ri[hh].pos * a.y_stride[2];
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      const int c = i * 8 + 2 * (lane % 4);
+      if (c < a.head_dim_v)
+        store_pair<T>(yrow + c, o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv, c + 1 < a.head_dim_v,
+                      a.vec_store != 0);
+    }
+  }
+}
+
+}  // namespace hopper
+
+// Host side (hopper_host.cu): encodes a 4-D (columns, rows, heads, batch) 16-bit tensor map with
+// 128-byte swizzle and a (64, box_rows, 1, 1) box. strides: elements, KernelArgs order (batch,
+// head, row). Returns false when the driver refuses the layout.
+bool hopper_encode_map(CUtensorMap* map, const void* base, bool bf16, int64_t cols, int64_t rows, int64_t heads,
+                       int64_t batch, const int64_t strides[3], int box_rows);
+
+template <typename T, int kD>
+cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  (void)plan;
+  using Cfg = hopper::Config<kD>;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  CUtensorMap tq, tk, tv;
+  if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM) ||
+      !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, hopper::kBN) ||
+      !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, hopper::kBN))
+    return cudaErrorInvalidValue;
+  static int smem_done[64] = {};
+  auto kernel = hopper::hopper_fwd_kernel<T, kD>;
+  cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done);
+  if (err != cudaSuccess) return err;
+  const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
+  kernel<<<static_cast<unsigned>(blocks), hopper::kThreads, Cfg::kSmem, stream>>>(a, tq, tk, tv);
+  return cudaGetLastError();
+}
+
+}  // namespace opsfuse::cuda::detail
