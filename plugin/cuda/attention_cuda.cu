@@ -434,6 +434,16 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
   if (run == nullptr) return fail(Status::kUnsupported, "no compiled kernel for this configuration");
   g_last_kind = static_cast<int>(plan.kind);
   err = run(a, plan, stream);
+  if (err == cudaErrorNotSupported && plan.kind == KernelKind::kHopper) {
+    // The driver refused a TMA layout that hopper_eligible() let through (nothing was launched):
+    // the portable plan instead, when it needs no workspace (always, unless FORCE_HOPPER is set).
+    const Plan fallback = choose_plan(p, dev, /*allow_hopper=*/false);
+    const RunFn fallback_run = fallback.num_splits == 1 ? pick_kernel(p, fallback) : nullptr;
+    if (fallback_run != nullptr) {
+      g_last_kind = static_cast<int>(fallback.kind);
+      err = fallback_run(a, fallback, stream);
+    }
+  }
   if (err != cudaSuccess) return cuda_fail(err, "launching the FusedAttention kernel");
   if (plan.num_splits > 1) {
     switch (p.dtype) {

@@ -41,6 +41,7 @@
 //    k-step kk (16 keys) starts at kk * 16 * 128 bytes.
 #pragma once
 
+#include <cstdlib>
 #include <type_traits>
 
 #include <cuda.h>  // CUtensorMap (types only: nothing links libcuda)
@@ -174,7 +175,8 @@ __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
-                      const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+                      const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                      const int pingpong) {
   using Cfg = Config<kD>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
@@ -370,15 +372,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // Pingpong (`pingpong` != 0, FlashAttention-3's inter-warpgroup schedule): the two consumer
+  // warpgroups take turns issuing their wgmma batches -- named barrier 2 + cw is "my turn", passed
+  // by the other warpgroup right after it issued -- so one's softmax overlaps the other's products.
+  // Each warpgroup issues n_tiles + 1 batches; warpgroup 1 opens (an arrive on warpgroup 0's
+  // barrier) and skips its last pass, so every arrive is matched by exactly one sync.
+  const bool pp = pingpong != 0 && n_tiles > 0;
+  auto turn_wait = [&]() {
+    if (!pp) return;
+    if (cw == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    else asm volatile("bar.sync 3, 256;\n" ::: "memory");
+  };
+  auto turn_pass = [&](bool last) {
+    if (!pp) return;
+    if (cw == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+    else if (!last) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  };
+  if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+
   mbar_wait(bar_q, 0);
   __syncwarp();
   if (n_tiles > 0) {
     // Tile 0: S(0), softmax(0), P(0).
     mbar_wait(bar_kfull(0), 0);
     __syncwarp();
+    turn_wait();
     wgmma_fence();
     issue_qk(0);
     wgmma_commit();
+    turn_pass(false);
     wgmma_wait<0>();
     reg_fence(s);
     if (lane == 0) mbar_arrive(bar_kempty(0));
@@ -391,11 +413,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(bar_vfull(prev), ((it - 1) / kStages) & 1);
       __syncwarp();
       zero_v_tail(prev, it - 1);
+      turn_wait();
       wgmma_fence();
       issue_qk(st);
       wgmma_commit();
       issue_pv(prev);
       wgmma_commit();
+      turn_pass(false);
       wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
       reg_fence(s);
       if (lane == 0) mbar_arrive(bar_kempty(st));
@@ -411,9 +435,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(bar_vfull(last), ((n_tiles - 1) / kStages) & 1);
     __syncwarp();
     zero_v_tail(last, n_tiles - 1);
+    turn_wait();
     wgmma_fence();
     issue_pv(last);
     wgmma_commit();
+    turn_pass(true);
     wgmma_wait<0>();
     reg_fence(o);
   }
@@ -454,13 +480,16 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM) ||
       !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, hopper::kBN) ||
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, hopper::kBN))
-    return cudaErrorInvalidValue;
+    return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   static int smem_done[64] = {};
   auto kernel = hopper::hopper_fwd_kernel<T, kD>;
   cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done);
   if (err != cudaSuccess) return err;
   const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
-  kernel<<<static_cast<unsigned>(blocks), hopper::kThreads, Cfg::kSmem, stream>>>(a, tq, tk, tv);
+  // OPSFUSE_CUDA_HOPPER_PINGPONG=0 turns the inter-warpgroup schedule off (to measure it).
+  const char* pp_env = std::getenv("OPSFUSE_CUDA_HOPPER_PINGPONG");
+  const int pingpong = pp_env != nullptr && pp_env[0] == '0' ? 0 : 1;
+  kernel<<<static_cast<unsigned>(blocks), hopper::kThreads, Cfg::kSmem, stream>>>(a, tq, tk, tv, pingpong);
   return cudaGetLastError();
 }
 
