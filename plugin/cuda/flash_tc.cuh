@@ -76,11 +76,28 @@ __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
 // Copies kRows rows of kD 16-bit elements into shared memory (row pitch kPitch elements).
 // row_src(r) gives the global row or nullptr (row outside the tensor: zero-filled). Columns at or
 // beyond `ncols` are zero-filled. `vec`: 16-byte cp.async (aligned rows), else element loads.
-template <int kD, int kPitch, int kRows, int kThreads, typename RowSrc>
+// Chunk idx (8 elements) is row idx / kChunks, column (idx % kChunks) * 8. kFixedColumn: as
+// kThreads is a multiple of kChunks, a thread keeps one column and steps kThreads / kChunks rows
+// (fewer instructions per chunk; its hoisted column state costs registers the 255-register tile
+// does not have).
+template <int kD, int kPitch, int kRows, int kThreads, bool kFixedColumn, typename RowSrc>
 __device__ __forceinline__ void load_tile(uint16_t* smem, RowSrc row_src, int ncols, bool vec,
                                           const void* any_valid) {
   constexpr int kChunks = kD / 8;
-  if (vec) {
+  if (vec && kFixedColumn) {
+    static_assert(!kFixedColumn || (kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0), "tile");
+    constexpr int kRowStep = kFixedColumn ? kThreads / kChunks : 1;
+    const int c = (threadIdx.x % kChunks) * 8, r0 = threadIdx.x / kChunks;
+    int n = ncols - c;
+    n = n < 0 ? 0 : (n > 8 ? 8 : n);
+#pragma unroll
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      const int r = r0 + i * kRowStep;
+      const uint16_t* src = row_src(r);
+      const int nr = src == nullptr ? 0 : n;
+      cp_async_16(smem + r * kPitch + c, nr ? static_cast<const void*>(src + c) : any_valid, nr * 2);
+    }
+  } else if (vec) {
 #pragma unroll 4
     for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
       const int r = idx / kChunks, c = (idx % kChunks) * 8;
@@ -114,6 +131,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
   constexpr int kPitch = kD + 8;            // +16 bytes per row: ldmatrix rows hit distinct banks
   constexpr bool kQInRegs = kMT * (kD / 16) * 4 <= 32;
   constexpr bool kFoldScale = kMT == 1;
+  constexpr bool kFixedColumn = kMT == 1;  // load_tile: not at 2 m16 tiles per warp (registers)
   static_assert(kBM % (16 * kWarps) == 0 && kBN % 16 == 0 && kD % 16 == 0, "tile shape");
 
   extern __shared__ __align__(16) uint16_t smem[];
@@ -159,18 +177,18 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
   auto stage_v = [&](int st) { return sKV + st * (2 * kBN * kPitch) + kBN * kPitch; };
   auto load_k = [&](int t, int st) {
     const int n0 = t * kBN;
-    load_tile<kD, kPitch, kBN, kThreads>(
+    load_tile<kD, kPitch, kBN, kThreads, kFixedColumn>(
         stage_k(st), [&](int r) -> const uint16_t* { return n0 + r < kr.n_end ? kbase + (n0 + r) * a.k_stride[2] : nullptr; },
         a.head_dim, vec, a.k);
   };
   auto load_v = [&](int t, int st) {
     const int n0 = t * kBN;
-    load_tile<kD, kPitch, kBN, kThreads>(
+    load_tile<kD, kPitch, kBN, kThreads, kFixedColumn>(
         stage_v(st), [&](int r) -> const uint16_t* { return n0 + r < kr.n_end ? vbase + (n0 + r) * a.v_stride[2] : nullptr; },
         a.head_dim_v, vec, a.v);
   };
 
-  load_tile<kD, kPitch, kBM, kThreads>(sQ, q_row, a.head_dim, vec, a.q);
+  load_tile<kD, kPitch, kBM, kThreads, kFixedColumn>(sQ, q_row, a.head_dim, vec, a.q);
   if (t_begin < t_end) {
     load_k(t_begin, 0);
     load_v(t_begin, 0);

@@ -93,9 +93,9 @@ struct TileShape {
 // minimum of resident blocks (ptxas must fit the registers to it with 0 bytes of spill).
 // 64x64 for D <= 64: 1 m16 tile per warp with Q in registers, 3 blocks/SM, and twice the blocks of
 // a 128-row tile for the small grids (B*H = 12 at S = 128..2048 is 12..192 128-row blocks).
-constexpr TileShape kTcTile64{64, 64, 4, 3};    // 163 registers, 46 KB shared (2 stages)
+constexpr TileShape kTcTile64{64, 64, 4, 3};    // 157 registers, 46 KB shared (2 stages)
 constexpr TileShape kTcTile128{128, 64, 4, 2};  // 255 registers, 104 KB shared (2 stages)
-constexpr TileShape kTcTile256{64, 32, 4, 2};   // 228 registers, 101 KB shared (2 stages)
+constexpr TileShape kTcTile256{64, 32, 4, 2};   // 223 registers, 101 KB shared (2 stages)
 // Shared memory of a tensor-core prefill block: the Q tile and `stages` x (K tile + V tile), 16-bit
 // elements, rows padded by 16 bytes.
 constexpr int tc_smem_bytes(int bucket, int block_m, int block_n, int stages) {
