@@ -6,9 +6,10 @@
 //   score       scale, softcap, mask, causal, key_lengths (only on tiles that need it)
 //   softmax     online, in registers (running max / sum per row, log2 domain)
 //   O += P V    P re-packed from the S accumulators as A fragments, V via ldmatrix.trans
-// K and V tiles are staged through shared memory with cp.async and overlap the math: V(j) loads
-// while S(j) is computed, K(j+1) loads while P(j)V(j) is computed (one buffer each, two loads in
-// flight per block). D and Dv are rounded up to the compiled bucket kD with zero-filled loads.
+// K and V tiles are staged through shared memory with cp.async in a ring of two stages: K(j+1)
+// and V(j+1) are issued at the top of tile j and land during all of tile j's math, one barrier per
+// tile (one stage, without that overlap, where shared memory is short). D and Dv are rounded up
+// to the compiled bucket kD with zero-filled loads.
 #pragma once
 
 #include "kernel_common.cuh"
@@ -357,7 +358,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
         pf[mt][kk][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
       }
     }
-
 
     // O += P V
 #pragma unroll
