@@ -122,7 +122,8 @@ bool tma_layout_ok(const void* ptr, const int64_t stride[3], int64_t batch, int6
 }
 
 // Whether the Hopper kernel (hopper/hopper_fwd.cuh) covers a launch whose portable plan is `plan`:
-// compiled in, a compute capability 9.0 device, not disabled, float16/bfloat16, D = Dv in {64, 128},
+// compiled in, a compute capability 9.0 device, not disabled, float16/bfloat16, D and Dv <= 128
+// (bucket 64 or 128; TMA zero-fills the columns beyond D / Dv, so e.g. D = 40 or Dv != D run too),
 // a prefill plan without a KV split (decode shapes, and small grids with long key sequences where
 // the portable kernel splits the keys, keep the portable kernels; the Hopper kernel has no split
 // yet), TMA-addressable Q/K/V.
@@ -133,7 +134,7 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
 #else
   if (dev.cc != 90 || plan.kind != KernelKind::kTensorCore) return false;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
-  if (p.head_dim != p.head_dim_v || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  if (plan.bucket > 128) return false;
   if (p.seq_k < 1 || p.seq_q < 1) return false;
   if (ceil_div(p.seq_q, 128) * p.batch * p.heads_q >= INT_MAX) return false;
   if (!tma_layout_ok(p.q, p.q_stride, p.batch, p.heads_q, p.seq_q) ||

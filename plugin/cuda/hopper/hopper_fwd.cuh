@@ -1,5 +1,6 @@
 // Internal to plugin/cuda: the Hopper (sm_90a) FusedAttention forward kernel for float16 /
-// bfloat16, head sizes D = Dv = 64 or 128. Compiled only for sm_90a (hopper/*.cu); the launcher
+// bfloat16, head-size buckets 64 and 128 (D, Dv <= bucket: TMA zero-fills the columns beyond D / Dv,
+// the epilogue stores Dv columns). Compiled only for sm_90a (hopper/*.cu); the launcher
 // (attention_cuda.cu, choose_plan) takes it on compute capability 9.0 devices for the cases it
 // covers and keeps the portable mma.sync kernel (flash_tc.cuh) for everything else.
 //

@@ -333,7 +333,8 @@ int main(int argc, char** argv) {
       {"f32 decode split d128", F, 2, 8, 8, 1, 3000, 128, 128, 0, 0.f, N, 0, 0},
       {"bf16 prefill split 8x4096", BF, 1, 1, 1, 8, 4096, 128, 128, 0, 0.f, N, 0, 0},
   };
-  // Cases for the Hopper kernel (D = Dv in {64, 128}, float16 / bfloat16): odd sizes (not multiples of
+  // Cases for the Hopper kernel (float16 / bfloat16, D and Dv <= 128, D = 40 / Dv = 80 and D = 96
+  // through the zero-filled bucket columns): odd sizes (not multiples of
   // the 128x128 tiles), causal 1 and 2, masks (bool with fully masked rows, additive), softcap,
   // key_lengths (incl. 0: every row of batch 0 fully masked, and > Sk: clamped), GQA group 4.
   const Case hopper_cases[] = {
@@ -344,6 +345,8 @@ int main(int argc, char** argv) {
       {"hop bf16 d64 addmask gqa4", BF, 1, 4, 1, 130, 129, 64, 64, 0, 0.f, MA, 2, 0},
       {"hop f16 d64 causal1 kl64", H, 3, 2, 2, 513, 513, 64, 64, 1, 0.f, MB, 2, 64},
       {"hop bf16 d128 causal1 1000x1000", BF, 1, 2, 2, 1000, 1000, 128, 128, 1, 0.f, N, 0, 0},
+      {"hop f16 d40/80 causal2 gqa2", H, 2, 4, 2, 150, 333, 40, 80, 2, 0.f, N, 0, 0},
+      {"hop bf16 d96 addmask softcap", BF, 1, 3, 1, 260, 200, 96, 96, 1, 20.f, MA, 4, 0},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
