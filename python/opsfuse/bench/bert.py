@@ -198,12 +198,18 @@ def op_counts(path: Path) -> dict:
 def ort_optimize(src: Path, dst: Path, cfg, device: str, dtype: str, attention: bool) -> dict:
     """onnxruntime.transformers' BERT optimizer, opt_level 1 (its recommended value: ORT's basic
     graph optimizations, then its Python fusions). attention=False: every fusion but attention, so
-    opsfuse can take the attention after.
+    opsfuse can take the attention after (at opt_level 0, see below).
 
     A float16 model on the CPU (a test of the graphs, not a measurement) gets opt_level 0 (the
     Python fusions alone): ORT's CPU EP has no float16 Softmax and would expand it into
     ReduceMax/Exp/ReduceSum/Div between Casts, a graph the CUDA EP never produces."""
     opt_level = 0 if (device == "cpu" and dtype == "float16") else 1
+    if not attention:
+        # The model goes on to opsfuse's rewrite, which validates with onnx.checker: opt_level 1
+        # saves ORT's session graph, which on the CUDA EP holds ORT-internal MemcpyFromHost /
+        # MemcpyToHost nodes that are no ONNX ops. The Python fusions alone (opt_level 0) give the
+        # same fused ops; the session applies ORT's basic optimizations when it loads the model.
+        opt_level = 0
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
