@@ -1,7 +1,7 @@
 #include "shape_check.h"
 
 #include <cmath>
-#include <sstream>
+#include "message.h"
 
 #include "contract.h"
 
@@ -9,7 +9,7 @@ namespace opsfuse {
 namespace {
 
 std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream os;
+  Message os;
   os << "(";
   for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
   os << ")";
@@ -50,7 +50,7 @@ const char* elem_type_name(ElemType t) {
 }
 
 std::string check_attributes(const AttentionAttributes& a) {
-  std::ostringstream os;
+  Message os;
   if (a.has_scale && !(std::isfinite(a.scale) && a.scale != 0.0f)) {
     os << "attribute 'scale' must be a finite non-zero float, got " << a.scale;
   } else if (a.is_causal < 0 || a.is_causal > contract::kCausalMax) {
@@ -68,7 +68,7 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
   if (!err.empty()) return err;
 
   static const char* kNames[5] = {"Q", "K", "V", "attn_mask", "key_lengths"};
-  std::ostringstream os;
+  Message os;
   for (int i = 0; i < kNumRequiredInputs; ++i) {
     if (!in[i].present) {
       os << "input " << kNames[i] << " is required";
@@ -201,7 +201,7 @@ std::string check_key_lengths(const AttentionParams& p) {
     const int64_t len = p.key_lengths_int64 ? static_cast<const int64_t*>(p.key_lengths)[b]
                                             : static_cast<const int32_t*>(p.key_lengths)[b];
     if (len < 0 || len > p.seq_k) {
-      std::ostringstream os;
+      Message os;
       os << "key_lengths[" << b << "] = " << len << " is outside 0.." << p.seq_k << " (the key sequence length)";
       return os.str();
     }

@@ -8,13 +8,13 @@
 
 #include <cstdint>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
 
 #include "common/contract.h"
+#include "common/message.h"
 #include "common/shape_check.h"
 #include "cuda/attention_cuda.h"
 
@@ -236,7 +236,7 @@ void fused_attention_impl(py::handle q, py::handle k, py::handle v, py::handle y
   read_view(y, "Y", stream, out);
   const std::vector<int64_t> want = opsfuse::output_shape(pr.p);
   if (out.shape != want || out.type != pr.in[0].type) {
-    std::ostringstream os;
+    opsfuse::Message os;
     os << "output Y must have shape (" << want[0] << ", " << want[1] << ", " << want[2] << ", " << want[3]
        << ") and the type of Q";
     invalid(os.str());
