@@ -9,6 +9,8 @@
 //   OPSFUSE_CUDA_DISABLE_HOPPER=1  the portable kernels only.
 //   OPSFUSE_CUDA_FORCE_HOPPER=1    (tests) the Hopper kernel also where the portable plan would split
 //                                  the keys (small grids, long Sk), which it otherwise keeps.
+//   OPSFUSE_CUDA_DECODE_NO_CLUSTER=1  (tests) split decode through the workspace + combine kernel
+//                                  also where the sm_90 cluster merge would run (choose_plan).
 // workspace_size() always answers for the portable plan (a superset: the Hopper kernel needs none),
 // so neither variable can make a launch short of workspace.
 #include "attention_cuda.h"
@@ -146,6 +148,17 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
 #endif
 }
 
+// Decode cluster merge (flash_decode.cuh): how many clusters of `cluster` blocks of the decode
+// kernel for this dtype / bucket / ring depth fit on the device at once (0: not compiled for sm_90).
+int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
+  using namespace detail;
+  const bool h = p.dtype == DType::kFloat16;
+  if (plan.bucket == 64) return h ? clusters_tcdec_f16_d64(plan.stages, cluster) : clusters_tcdec_bf16_d64(plan.stages, cluster);
+  if (plan.bucket == 128)
+    return h ? clusters_tcdec_f16_d128(plan.stages, cluster) : clusters_tcdec_bf16_d128(plan.stages, cluster);
+  return 0;
+}
+
 // THE heuristic: which kernel, which tiles, how many KV splits. Depends on shapes, dtype and the
 // device's multiprocessor count only (never on data), so workspace_size() and launch() agree.
 //  - float32 -> the SIMT kernel (true float32).
@@ -157,6 +170,11 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
 //  (memory bound: bytes in flight matter, and a second partial wave would idle most of the chip);
 //  prefill tiles split only when the grid leaves at least half of the multiprocessors idle and
 //  each split keeps >= 4 key tiles (the combine pass is not free).
+//  Decode split on compute capability >= 9.0 with <= 8 splits: the splits of one (batch, kv head)
+//  are one thread-block cluster that merges in distributed shared memory and writes Y (plan.cluster,
+//  no combine launch: ~3-5 us less), when the device holds all the clusters at once (one wave,
+//  cudaOccupancyMaxActiveClusters) and OPSFUSE_CUDA_DECODE_NO_CLUSTER is not 1 (tests: the
+//  workspace + combine path). workspace_size() still counts the split workspace (a superset).
 //  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
 //  covers becomes KernelKind::kHopper (128x128 tiles, no split).
 Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hopper = true) {
@@ -232,6 +250,9 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     }
   }
   plan.num_splits = std::max(1, std::min(splits, 128));
+  if (plan.kind == KernelKind::kTensorCoreDecode && plan.num_splits > 1 && plan.num_splits <= 8 && dev.cc >= 90 &&
+      !env_flag("OPSFUSE_CUDA_DECODE_NO_CLUSTER") && decode_clusters(p, plan, plan.num_splits) >= blocks)
+    plan.cluster = plan.num_splits;
   if (allow_hopper && hopper_eligible(p, dev, plan)) {
     // hopper/hopper_fwd.cuh: 128 query rows of one (batch, query head) per block, 128-key tiles.
     plan.kind = KernelKind::kHopper;
@@ -446,7 +467,7 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
     }
   }
   if (err != cudaSuccess) return cuda_fail(err, "launching the FusedAttention kernel");
-  if (plan.num_splits > 1) {
+  if (plan.num_splits > 1 && plan.cluster <= 1) {  // a cluster merge (decode) already wrote Y
     switch (p.dtype) {
       case DType::kFloat32: err = launch_combine<float>(a, stream); break;
       case DType::kFloat16: err = launch_combine<__half>(a, stream); break;

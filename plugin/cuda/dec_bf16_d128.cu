@@ -8,4 +8,6 @@ cudaError_t run_tcdec_bf16_d128(const KernelArgs& a, const Plan& plan, cudaStrea
   return dec::launch_flash_decode<__nv_bfloat16, 128>(a, plan, stream);
 }
 
+int clusters_tcdec_bf16_d128(int stages, int cluster) { return dec::max_active_clusters<__nv_bfloat16, 128>(stages, cluster); }
+
 }  // namespace opsfuse::cuda::detail

@@ -8,4 +8,6 @@ cudaError_t run_tcdec_f16_d128(const KernelArgs& a, const Plan& plan, cudaStream
   return dec::launch_flash_decode<__half, 128>(a, plan, stream);
 }
 
+int clusters_tcdec_f16_d128(int stages, int cluster) { return dec::max_active_clusters<__half, 128>(stages, cluster); }
+
 }  // namespace opsfuse::cuda::detail

@@ -40,7 +40,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 // 16-byte async copy global -> shared; bytes beyond `src_bytes` (0..16) are zero-filled.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+  // L2::256B: the rows of a tile are 256-byte runs of one 16 KB block, so let L2 fetch whole 256-byte
+  // blocks from HBM at once (a hint; the copy itself stays 16 bytes).
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -65,6 +67,28 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
+
+// Thread-block cluster (sm_90): the rank of this block, a cluster-wide barrier (release / acquire:
+// shared-memory writes before it are visible to every block of the cluster after it), and a float
+// load from the shared memory of block `rank` at the address that `p` has in this block.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float ld_cluster_f32(const float* p, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  float x;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(remote) : "memory");
+  return x;
+}
+#endif
 
 // c (16x8 f32) += a (16x16, row) * b (16x8, col)
 template <typename T>
@@ -128,8 +152,12 @@ __device__ __forceinline__ void load_rows(uint16_t* smem, const uint16_t* base, 
 }
 
 // grid (batch * heads_kv, 1, num_splits), kThreads threads, smem_bytes(kD, stages) dynamic bytes.
+// cluster > 1 (sm_90, launched with cluster dims (1, 1, num_splits) == cluster): the splits of one
+// (batch, kv head) are one thread-block cluster and merge their partials through distributed shared
+// memory, writing Y themselves (no workspace, no combine launch).
 template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs a, const int stages) {
+__global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs a, const int stages,
+                                                                const int cluster) {
   constexpr int kPitch = kD + 8;  // +16 bytes per row: ldmatrix's 8 row addresses hit distinct banks
   constexpr int kKS = kD / 16;    // k-steps of Q K^T
   constexpr int kOT = kD / 8;     // n8 tiles of O
@@ -302,9 +330,10 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs
   __syncthreads();  // the ring is free: reuse it (and sQ) for the merge of the warps
 
   // Merge the 4 warps' (max, sum, O) in a fixed order. Floats: sO [kWarps][kBM][kD + 8], then
-  // sM, sL, sW [kWarps][kBM], then the row's max and sum [kBM] each.
+  // sM, sL, sW [kWarps][kBM], then the row's max and sum [kBM] each, then (cluster merge) the
+  // block's unnormalized O [kBM][kD].
   constexpr int kOPitch = kD + 8;  // float2 stores of a half warp (4 rows) hit 32 distinct banks
-  static_assert((kWarps * kBM * kOPitch + 3 * kWarps * kBM + 2 * kBM) * 4 <= smem_bytes(kD, 2),
+  static_assert((kWarps * kBM * kOPitch + 3 * kWarps * kBM + 2 * kBM + kBM * kD) * 4 <= smem_bytes(kD, 2),
                 "the merge fits in the smallest ring");
   float* sO = reinterpret_cast<float*>(smem);
   float* sM = sO + kWarps * kBM * kOPitch;
@@ -312,6 +341,7 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs
   float* sW = sL + kWarps * kBM;
   float* sRowM = sW + kWarps * kBM;
   float* sRowL = sRowM + kBM;
+  float* sY = sRowL + kBM;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = l_run[h];
@@ -352,6 +382,10 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs
     float acc = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) acc += sW[w * kBM + r] * sO[(w * kBM + r) * kOPitch + c];
+    if (cluster > 1) {
+      sY[r * kD + c] = acc;
+      continue;
+    }
     const int g = r / a.seq_q, i = r - g * a.seq_q, head = hk * a.group + g;
     if (a.num_splits == 1) {
       const float l = sRowL[r];
@@ -364,19 +398,48 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs
       if (c == 0) store_split_ml(a, grow, sRowM[r], sRowL[r]);
     }
   }
+  if (cluster > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Every split's (sRowM, sRowL, sY) is complete and visible cluster-wide after the barrier.
+    // Block `rank` finishes rows rank, rank + cluster, ...: the splits are merged in rank order
+    // 0..cluster-1 whichever block does it (deterministic, the order of combine_splits_kernel).
+    cluster_sync();
+    const int rank = static_cast<int>(cluster_rank());
+    const int my_rows = n_rows > rank ? (n_rows - rank + cluster - 1) / cluster : 0;
+    for (int idx = tid; idx < my_rows * kD; idx += kThreads) {
+      const int r = rank + (idx / kD) * cluster, c = idx % kD;
+      if (c >= dv) continue;
+      float mx = -INFINITY;
+      for (int z = 0; z < cluster; ++z) mx = fmaxf(mx, ld_cluster_f32(sRowM + r, z));
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      float l = 0.0f, acc = 0.0f;
+      for (int z = 0; z < cluster; ++z) {
+        const float wt = exp2f(ld_cluster_f32(sRowM + r, z) - base);
+        l += wt * ld_cluster_f32(sRowL + r, z);
+        acc += wt * ld_cluster_f32(sY + r * kD + c, z);
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // fully masked row -> 0
+      const int g = r / a.seq_q, i = r - g * a.seq_q, head = hk * a.group + g;
+      T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + head * a.y_stride[1] + i * a.y_stride[2];
+      yrow[c] = from_float<T>(acc * inv);
+    }
+    cluster_sync();  // no block leaves (freeing its shared memory) while another still reads it
+#else
+    __trap();  // unreachable: choose_plan() asks for clusters only where this code is compiled (ptxVersion >= 90)
+#endif
+  }
 }
 
+// Sets the kernel's shared-memory limit for a `stages` deep ring and its carveout, once per device.
+// The ring depth is a function of the device (decode_stages), so one size per device; the carveout
+// asks for all of L1 as shared memory (cp.async.cg does not use L1), so that the two blocks per SM
+// that decode_stages counted on are resident (and the cluster occupancy query sees them).
 template <typename T, int kD>
-cudaError_t launch_flash_decode(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  if (a.rows > kBM || plan.stages < 2 || plan.stages > kMaxStages) return cudaErrorInvalidValue;
-  const int bytes = smem_bytes(kD, plan.stages);
-  // The ring depth is a function of the device (decode_stages), so one size per device; the
-  // carveout asks for all of L1 as shared memory (cp.async.cg does not use L1), so that the two
-  // blocks per SM that decode_stages counted on are resident.
+cudaError_t prepare_kernel(int stages) {
   static int smem_done[kMaxStages + 1][64] = {};
   static int carveout_done[64] = {};
   auto kernel = flash_decode_kernel<T, kD>;
-  cudaError_t err = ensure_smem(kernel, bytes, smem_done[plan.stages]);
+  cudaError_t err = ensure_smem(kernel, smem_bytes(kD, stages), smem_done[stages]);
   if (err != cudaSuccess) return err;
   int dev = 0;
   err = cudaGetDevice(&dev);
@@ -387,9 +450,84 @@ cudaError_t launch_flash_decode(const KernelArgs& a, const Plan& plan, cudaStrea
     if (err != cudaSuccess) return err;
     if (dev < 64) __atomic_store_n(&carveout_done[dev], 1, __ATOMIC_RELEASE);
   }
+  return cudaSuccess;
+}
+
+template <typename T, int kD>
+cudaError_t launch_flash_decode(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  if (a.rows > kBM || plan.stages < 2 || plan.stages > kMaxStages) return cudaErrorInvalidValue;
+  const int bytes = smem_bytes(kD, plan.stages);
+  auto kernel = flash_decode_kernel<T, kD>;
+  cudaError_t err = prepare_kernel<T, kD>(plan.stages);
+  if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(a.batch) * a.heads_kv, 1, plan.num_splits);
-  kernel<<<grid, kThreads, bytes, stream>>>(a, plan.stages);
+  if (plan.cluster > 1) {
+    // choose_plan() set cluster == num_splits only where max_active_clusters() found room for the
+    // whole grid in one wave.
+    if (plan.cluster != plan.num_splits) return cudaErrorInvalidValue;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = static_cast<unsigned>(plan.cluster);
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(bytes);
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    err = cudaLaunchKernelEx(&cfg, kernel, a, plan.stages, plan.cluster);
+    if (err != cudaSuccess) return err;
+    return cudaGetLastError();
+  }
+  kernel<<<grid, kThreads, bytes, stream>>>(a, plan.stages, 1);
   return cudaGetLastError();
+}
+
+// How many clusters of `cluster` (2..8) blocks (the splits of one (batch, kv head)) of a `stages`
+// deep decode kernel can be resident at once on the current device (cudaOccupancyMaxActiveClusters:
+// blocks of a cluster share one GPC), 0 where the kernel has no cluster merge compiled (binary or PTX
+// older than sm_90) or the query fails. Cached per device (host-side attribute and occupancy queries
+// only: no synchronization, no stream work).
+template <typename T, int kD>
+int max_active_clusters(int stages, int cluster) {
+  if (stages < 2 || stages > kMaxStages || cluster < 2 || cluster > 8) return 0;
+  static int cache[kMaxStages + 1][9][64] = {};  // value + 1, 0 = not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < 64) {
+    const int c = __atomic_load_n(&cache[stages][cluster][dev], __ATOMIC_ACQUIRE);
+    if (c > 0) return c - 1;
+  }
+  auto kernel = flash_decode_kernel<T, kD>;
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return 0;
+  int n = 0;
+  if (fa.ptxVersion >= 90 && fa.binaryVersion >= 90) {
+    const int bytes = smem_bytes(kD, stages);
+    if (prepare_kernel<T, kD>(stages) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = static_cast<unsigned>(cluster);
+    cfg.gridDim = dim3(1, 1, static_cast<unsigned>(cluster));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(bytes);
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it so that the next launch does not report it
+      return 0;
+    }
+  }
+  if (dev < 64) __atomic_store_n(&cache[stages][cluster][dev], n + 1, __ATOMIC_RELEASE);
+  return n;
 }
 
 }  // namespace dec

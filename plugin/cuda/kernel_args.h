@@ -59,6 +59,9 @@ struct Plan {
   int num_splits = 1;   // > 1: split-KV with a combine pass
   int stages = 2;       // K/V cp.async ring depth: decode (decode_stages) and prefill (1 or 2)
   int row_tiles = 0;    // ceil(rows / block_m)
+  int cluster = 1;      // decode with num_splits > 1 on sm_90: == num_splits when the splits of one
+                        // (batch, kv head) form a thread-block cluster and merge in distributed
+                        // shared memory (flash_decode.cuh; no combine launch); 1 otherwise
 };
 
 // Launch functions, one per compiled configuration (defined in the instantiation files).
@@ -82,6 +85,13 @@ OPSFUSE_DECLARE_TC(run_hopper_f16_d128);
 OPSFUSE_DECLARE_TC(run_hopper_bf16_d64);
 OPSFUSE_DECLARE_TC(run_hopper_bf16_d128);
 #undef OPSFUSE_DECLARE_TC
+// Decode (dec_*.cu): how many clusters of `cluster` blocks of the `stages` deep decode kernel fit on
+// the current device at once, 0 where the cluster merge is not available (flash_decode.cuh,
+// max_active_clusters). Host-side queries, cached per device.
+int clusters_tcdec_f16_d64(int stages, int cluster);
+int clusters_tcdec_f16_d128(int stages, int cluster);
+int clusters_tcdec_bf16_d64(int stages, int cluster);
+int clusters_tcdec_bf16_d128(int stages, int cluster);
 
 // Tile shapes of each configuration, shared by the heuristic and the instantiations.
 // per_sm_regs: resident blocks per multiprocessor allowed by registers (65536 / (threads x the

@@ -10,8 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from accuracy import random_inputs
-from cuda_helpers import fresh_rng
+from accuracy import assert_within_2x_torch, random_inputs
+from cuda_helpers import fresh_rng, require_cuda_module, to_device, to_numpy
 from test_cuda_binding import check, run_binding
 
 pytestmark = pytest.mark.gpu
@@ -89,3 +89,84 @@ def test_decode_deterministic(dtype):
     first = run_binding(q, k, v)
     for _ in range(3):
         np.testing.assert_array_equal(run_binding(q, k, v).astype(np.float32), first.astype(np.float32))
+
+
+# Split decode on sm_90 runs the splits of one (batch, kv head) as a thread-block cluster that merges
+# through distributed shared memory (choose_plan: <= 8 splits, the whole grid resident at once);
+# OPSFUSE_CUDA_DECODE_NO_CLUSTER=1 forces the workspace + combine kernel path for the same shapes.
+# B * Hkv = 64 -> 4 splits, 32 -> 8 splits on an H100/H200 (132 SMs, 2 blocks each); elsewhere
+# these run whatever plan the device gets, against the same reference.
+CLUSTER_MODES = ["cluster", "combine"]
+
+
+def _mode(monkeypatch, mode):
+    if mode == "combine":
+        monkeypatch.setenv("OPSFUSE_CUDA_DECODE_NO_CLUSTER", "1")
+    else:
+        monkeypatch.delenv("OPSFUSE_CUDA_DECODE_NO_CLUSTER", raising=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("mode", CLUSTER_MODES)
+@pytest.mark.parametrize("b,hq,hkv,sq,sk,d,dv", [(8, 32, 8, 1, 5000, 128, 128), (4, 16, 8, 1, 9000, 64, 64),
+                                                   (8, 16, 8, 3, 3000, 128, 64), (8, 8, 8, 1, 2000, 40, 96)])
+def test_decode_split_merge(monkeypatch, dtype, mode, b, hq, hkv, sq, sk, d, dv):
+    """Long Sk, split: GQA packing, several query positions (causal 2), Dv != D, off-bucket D."""
+    _mode(monkeypatch, mode)
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    check(q, k, v, is_causal=2 if sq > 1 else 0, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("mode", CLUSTER_MODES)
+def test_decode_split_merge_empty_splits_and_masked_rows(monkeypatch, dtype, mode):
+    """key_lengths that leave whole splits (or every split) of a batch empty, and fully masked rows
+    (bool mask per (batch, head)): 0, never NaN."""
+    _mode(monkeypatch, mode)
+    rng, seed = fresh_rng()
+    b, hq, hkv, sk = 8, 16, 8, 6000
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, 1, sk, 128, 128)
+    lengths = np.array([0, 5, 70, sk, 3000, 1, 64, 129], dtype=np.int64)
+    mask = rng.random((b, hq, 1, sk)) < 0.8
+    mask[1, 3, 0, :] = False
+    mask[3, :, 0, :] = False
+    mask[6, 0, 0, 70:] = False
+    check(q, k, v, attn_mask=mask, key_lengths=lengths, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("mode", CLUSTER_MODES)
+def test_decode_split_merge_strided_and_softcap(monkeypatch, dtype, mode):
+    """Non-contiguous K/V rows ((B, S, H, D) memory viewed as (B, H, S, D)) with an additive mask
+    and softcap through the split merge."""
+    cuda = require_cuda_module()
+    import torch
+
+    _mode(monkeypatch, mode)
+    rng, seed = fresh_rng()
+    b, hq, hkv, sk, d = 8, 32, 8, 4000, 128
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, 1, sk, d, d)
+    mask = (rng.standard_normal((b, 1, 1, sk)) * 2).astype(dtype)
+    tq = to_device(q)
+    tk, tv = (to_device(x).transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
+    tm = to_device(mask)
+    assert not tk.is_contiguous()
+    y = cuda.fused_attention(tq, tk, tv, tm, softcap=30.0)
+    torch.cuda.synchronize()
+    assert_within_2x_torch(to_numpy(y, dtype), q, k, v, mask, softcap=30.0, what=f"strided split (seed {seed})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_decode_split_merge_deterministic_and_equal(monkeypatch, dtype):
+    """The cluster merge takes the splits in the combine kernel's order: bitwise equal run to run,
+    and equal (to float rounding) to the combine path."""
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, 8, 32, 8, 1, 7000, 128, 128)
+    _mode(monkeypatch, "cluster")
+    first = run_binding(q, k, v).astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(run_binding(q, k, v).astype(np.float32), first)
+    _mode(monkeypatch, "combine")
+    other = run_binding(q, k, v).astype(np.float32)
+    np.testing.assert_allclose(first, other, rtol=1e-2, atol=1e-3, err_msg=f"seed {seed}")
