@@ -14,6 +14,14 @@
 //  - merges the 4 warps' states through shared memory at the end, in a fixed order
 //    (deterministic), and writes Y or the split partials that combine_splits_kernel reads
 //    (part_o unnormalized relative to part_ml's max in the log2 domain, part_ml = (max, sum)).
+// sm_90 only (compiled under __CUDA_ARCH__ >= 900, asked for by choose_plan through plan.bulk and
+// plan.cluster; sm_80/86/89 and PTX JIT from older virtual archs take the paths above):
+//  - bulk loads: warp 0 copies every K and V row of a tile with one cp.async.bulk (the TMA engine,
+//    no tensor map; one copy per row keeps the padded, ldmatrix-conflict-free layout) completing on
+//    the stage's mbarrier, so the bytes in flight are not bounded by the LSU's cp.async tracking;
+//    taken where rows are 16-byte aligned with D and Dv multiples of 8, else the cp.async ring;
+//  - cluster merge: a split grid whose splits form thread-block clusters merges the splits'
+//    (max, sum, O) through distributed shared memory and writes Y (no workspace, no combine launch).
 // The score contract (scale, softcap, mask, causal, key_lengths) and the GQA row packing are the
 // ones of kernel_common.cuh; rows past a.rows are computed on zero Q and never stored.
 #pragma once
@@ -80,6 +88,35 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// mbarriers and bulk (TMA engine, no tensor map) copies global -> shared, completing on an mbarrier.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_barrier_init_and_async_proxy() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
 }
 __device__ __forceinline__ float ld_cluster_f32(const float* p, uint32_t rank) {
   uint32_t remote;
@@ -156,8 +193,8 @@ __device__ __forceinline__ void load_rows(uint16_t* smem, const uint16_t* base, 
 // (batch, kv head) are one thread-block cluster and merge their partials through distributed shared
 // memory, writing Y themselves (no workspace, no combine launch).
 template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs a, const int stages,
-                                                                const int cluster) {
+__global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const KernelArgs a, const int stages,
+                                                                const int cluster, const int bulk) {
   constexpr int kPitch = kD + 8;  // +16 bytes per row: ldmatrix's 8 row addresses hit distinct banks
   constexpr int kKS = kD / 16;    // k-steps of Q K^T
   constexpr int kOT = kD / 8;     // n8 tiles of O
@@ -208,10 +245,61 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs
     load_rows<kD, kBN>(sK, kbase, a.k_stride[2], n0, kr.n_end, a.head_dim, vec);
     load_rows<kD, kBN>(sK + kBN * kPitch, vbase, a.v_stride[2], n0, kr.n_end, a.head_dim_v, vec);
   };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // sm_90 bulk path: warp 0 copies each K and V row of a tile with one cp.async.bulk (16-byte
+  // aligned rows of a multiple of 16 bytes) into the padded layout, completing on the stage's
+  // mbarrier; the other warps issue no loads. Columns past D / Dv are zeroed once (never copied),
+  // rows past n_end of the last tile by the producer (stale rows of an earlier tile would be finite
+  // and masked, but a first use of the stage is uninitialized memory).
+  const bool use_bulk = bulk != 0 && vec && a.head_dim % 8 == 0 && a.head_dim_v % 8 == 0;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kBM * kPitch + stages * kStage);
+  if (use_bulk) {
+    if (a.head_dim < kD || a.head_dim_v < kD) {
+      uint4* z = reinterpret_cast<uint4*>(sRing);
+      for (int i = tid; i < stages * kStage / 8; i += kThreads) z[i] = make_uint4(0, 0, 0, 0);
+    }
+    if (tid == 0)
+      for (int s = 0; s < stages; ++s) mbar_init(bars + s, 1);
+    fence_barrier_init_and_async_proxy();
+    __syncthreads();
+  }
+  auto load_tile_bulk = [&](int t) {  // warp 0, all lanes
+    const int st = (t - t_begin) % stages;
+    uint16_t* sK = sRing + st * kStage;
+    uint16_t* sV = sK + kBN * kPitch;
+    const int n0 = t * kBN;
+    const int rows = kr.n_end - n0 < kBN ? kr.n_end - n0 : kBN;
+    const uint32_t kb = static_cast<uint32_t>(a.head_dim) * 2, vb = static_cast<uint32_t>(a.head_dim_v) * 2;
+    if (rows < kBN) {  // zero the rows that are not copied (generic stores, never async-written here)
+      for (int i = lane; i < (kBN - rows) * (kPitch / 8); i += 32) {
+        const int r = rows + i / (kPitch / 8), c = (i % (kPitch / 8)) * 8;
+        *reinterpret_cast<uint4*>(sK + r * kPitch + c) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(sV + r * kPitch + c) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    if (lane == 0) mbar_arrive_expect_tx(bars + st, static_cast<uint32_t>(rows) * (kb + vb));
+    __syncwarp();
+    for (int r = lane; r < rows; r += 32) {
+      bulk_copy(sK + r * kPitch, kbase + static_cast<int64_t>(n0 + r) * a.k_stride[2], kb, bars + st);
+      bulk_copy(sV + r * kPitch, vbase + static_cast<int64_t>(n0 + r) * a.v_stride[2], vb, bars + st);
+    }
+  };
+#else
+  constexpr bool use_bulk = false;
+  (void)bulk;
+  auto load_tile_bulk = [&](int) {};
+#endif
   // Prologue: Q joins the first group; stages-1 tiles in flight (empty groups keep the count).
-  for (int s = 0; s < stages - 1; ++s) {
-    if (t_begin + s < t_end) load_tile(t_begin + s);
-    cp_async_commit();
+  if (use_bulk) {
+    cp_async_commit();  // Q alone
+    if (warp == 0)
+      for (int s = 0; s < stages - 1; ++s)
+        if (t_begin + s < t_end) load_tile_bulk(t_begin + s);
+  } else {
+    for (int s = 0; s < stages - 1; ++s) {
+      if (t_begin + s < t_end) load_tile(t_begin + s);
+      cp_async_commit();
+    }
   }
 
   // This thread's rows in the mma C layout: h -> row lane / 4 + 8 h.
@@ -233,10 +321,19 @@ __global__ void __launch_bounds__(kThreads) flash_decode_kernel(const KernelArgs
 
   uint32_t qf[kKS][4];
   for (int t = t_begin; t < t_end; ++t) {
-    cp_async_wait(stages - 2);  // tile t (and Q) landed for this thread's copies
-    __syncthreads();            // ... for every thread's; everyone is done with tile t-1's stage
-    if (t + stages - 1 < t_end) load_tile(t + stages - 1);
-    cp_async_commit();
+    if (use_bulk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (t == t_begin) cp_async_wait(0);  // Q
+      mbar_wait(bars + (t - t_begin) % stages, static_cast<uint32_t>(((t - t_begin) / stages) & 1));
+      __syncthreads();  // Q of every thread's copies; everyone is done with tile t-1's stage
+      if (warp == 0 && t + stages - 1 < t_end) load_tile_bulk(t + stages - 1);
+#endif
+    } else {
+      cp_async_wait(stages - 2);  // tile t (and Q) landed for this thread's copies
+      __syncthreads();            // ... for every thread's; everyone is done with tile t-1's stage
+      if (t + stages - 1 < t_end) load_tile(t + stages - 1);
+      cp_async_commit();
+    }
 
     if (t == t_begin) {
 #pragma unroll
@@ -477,11 +574,11 @@ cudaError_t launch_flash_decode(const KernelArgs& a, const Plan& plan, cudaStrea
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    err = cudaLaunchKernelEx(&cfg, kernel, a, plan.stages, plan.cluster);
+    err = cudaLaunchKernelEx(&cfg, kernel, a, plan.stages, plan.cluster, plan.bulk);
     if (err != cudaSuccess) return err;
     return cudaGetLastError();
   }
-  kernel<<<grid, kThreads, bytes, stream>>>(a, plan.stages, 1);
+  kernel<<<grid, kThreads, bytes, stream>>>(a, plan.stages, 1, plan.bulk);
   return cudaGetLastError();
 }
 

@@ -62,6 +62,8 @@ struct Plan {
   int cluster = 1;      // decode with num_splits > 1 on sm_90: == num_splits when the splits of one
                         // (batch, kv head) form a thread-block cluster and merge in distributed
                         // shared memory (flash_decode.cuh; no combine launch); 1 otherwise
+  int bulk = 0;         // decode on sm_90: 1 = K/V rows by cp.async.bulk into an mbarrier ring where
+                        // the layout allows (the kernel checks), else cp.async
 };
 
 // Launch functions, one per compiled configuration (defined in the instantiation files).
@@ -111,7 +113,7 @@ constexpr TileShape kTcTile256{64, 32, 4, 2};   // 223 registers, 101 KB shared 
 constexpr int tc_smem_bytes(int bucket, int block_m, int block_n, int stages) {
   return (block_m + 2 * stages * block_n) * (bucket + 8) * 2;
 }
-constexpr TileShape kTcDecodeTile{16, 64, 4, 3};  // flash_decode.cuh: 4 warps x 16 of 64 keys, 162 registers
+constexpr TileShape kTcDecodeTile{16, 64, 4, 3};  // flash_decode.cuh: 4 warps x 16 of 64 keys, 168 (D=64) / 184 registers
 // Float32 tiles (flash_f32.cuh): a prefill tile and a 1-warp "small" tile per bucket; choose_plan()
 // takes the small one when the prefill tile's grid leaves the multiprocessors unevenly loaded.
 // Block threads = 32 x warps; each thread owns (block_m / (4 x warps)) rows x (block_n / 8) keys.
@@ -133,7 +135,7 @@ constexpr int f32_smem_bytes(int bucket, int block_m, int block_n) {
 // else 2 (74 KB at D=128: within every sm_80+ per-block limit).
 constexpr int kDecodeMaxStages = 4;
 __host__ __device__ constexpr int decode_smem_bytes(int bucket, int stages) {
-  return (kTcDecodeTile.block_m + 2 * stages * kTcDecodeTile.block_n) * (bucket + 8) * 2;
+  return (kTcDecodeTile.block_m + 2 * stages * kTcDecodeTile.block_n) * (bucket + 8) * 2 + 8 * kDecodeMaxStages;
 }
 inline int decode_stages(int bucket, int smem_per_sm) {
   for (int s = kDecodeMaxStages; s > 2; --s)
