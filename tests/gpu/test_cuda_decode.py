@@ -91,19 +91,22 @@ def test_decode_deterministic(dtype):
         np.testing.assert_array_equal(run_binding(q, k, v).astype(np.float32), first.astype(np.float32))
 
 
-# Split decode on sm_90 runs the splits of one (batch, kv head) as a thread-block cluster that merges
-# through distributed shared memory (choose_plan: <= 8 splits, the whole grid resident at once);
-# OPSFUSE_CUDA_DECODE_NO_CLUSTER=1 forces the workspace + combine kernel path for the same shapes.
-# B * Hkv = 64 -> 4 splits, 32 -> 8 splits on an H100/H200 (132 SMs, 2 blocks each); elsewhere
-# these run whatever plan the device gets, against the same reference.
-CLUSTER_MODES = ["cluster", "combine"]
+# On sm_90 decode loads K/V rows with cp.async.bulk (OPSFUSE_CUDA_DECODE_NO_BULK=1: cp.async), and
+# a split grid runs the splits of one (batch, kv head) as a thread-block cluster that merges through
+# distributed shared memory (choose_plan: <= 8 splits, the whole grid resident at once;
+# OPSFUSE_CUDA_DECODE_NO_CLUSTER=1: the workspace + combine kernel path). B * Hkv = 64 -> 4 splits,
+# 32 -> 8 splits on an H100/H200 (132 SMs, 2 blocks each); elsewhere these run whatever plan the
+# device gets, against the same reference.
+CLUSTER_MODES = ["default", "no_cluster", "no_bulk"]
 
 
 def _mode(monkeypatch, mode):
-    if mode == "combine":
+    for name in ("OPSFUSE_CUDA_DECODE_NO_CLUSTER", "OPSFUSE_CUDA_DECODE_NO_BULK"):
+        monkeypatch.delenv(name, raising=False)
+    if mode == "no_cluster":
         monkeypatch.setenv("OPSFUSE_CUDA_DECODE_NO_CLUSTER", "1")
-    else:
-        monkeypatch.delenv("OPSFUSE_CUDA_DECODE_NO_CLUSTER", raising=False)
+    elif mode == "no_bulk":
+        monkeypatch.setenv("OPSFUSE_CUDA_DECODE_NO_BULK", "1")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -163,10 +166,37 @@ def test_decode_split_merge_deterministic_and_equal(monkeypatch, dtype):
     and equal (to float rounding) to the combine path."""
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, 8, 32, 8, 1, 7000, 128, 128)
-    _mode(monkeypatch, "cluster")
+    _mode(monkeypatch, "default")
     first = run_binding(q, k, v).astype(np.float32)
     for _ in range(3):
         np.testing.assert_array_equal(run_binding(q, k, v).astype(np.float32), first)
-    _mode(monkeypatch, "combine")
-    other = run_binding(q, k, v).astype(np.float32)
-    np.testing.assert_allclose(first, other, rtol=1e-2, atol=1e-3, err_msg=f"seed {seed}")
+    for mode in ("no_cluster", "no_bulk"):
+        _mode(monkeypatch, mode)
+        other = run_binding(q, k, v).astype(np.float32)
+        np.testing.assert_allclose(first, other, rtol=1e-2, atol=1e-3, err_msg=f"{mode} (seed {seed})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("d,dv", [(60, 56), (124, 128), (120, 104)])
+def test_decode_padded_rows(dtype, d, dv):
+    """16-byte aligned rows (a 64 / 128 element row pitch) shorter than the pitch: D or Dv not a
+    multiple of 8 keeps cp.async (a bulk copy moves multiples of 16 bytes), (120, 104) takes the
+    bulk copies with the columns past D / Dv zeroed; the last tile partial (Sk % 64 != 0)."""
+    cuda = require_cuda_module()
+    import torch
+
+    rng, seed = fresh_rng()
+    b, hq, hkv, sq, sk = 8, 16, 8, 1, 3001
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    pitch = 64 if max(d, dv) <= 64 else 128
+
+    def padded(x):
+        t = torch.zeros(x.shape[:3] + (pitch,), dtype=to_device(x).dtype, device="cuda")
+        t[..., : x.shape[3]] = to_device(x)
+        return t[..., : x.shape[3]]
+
+    tq, tk, tv = padded(q), padded(k), padded(v)
+    assert tk.stride(2) == pitch
+    y = cuda.fused_attention(tq, tk, tv, is_causal=2)
+    torch.cuda.synchronize()
+    assert_within_2x_torch(to_numpy(y, dtype), q, k, v, is_causal=2, what=f"padded rows (seed {seed})")
