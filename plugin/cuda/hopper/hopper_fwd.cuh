@@ -162,10 +162,16 @@ __device__ __forceinline__ void mma_pv(float (&d)[kD / 2], const uint32_t (&a)[4
   }
 }
 
+// Two floats -> one register of two 16-bit values (x0 in the low half), one cvt instruction.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
-  T tmp[2] = {from_float<T>(x0), from_float<T>(x1)};
-  return *reinterpret_cast<const uint32_t*>(tmp);
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(x0, x1);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
 }
 
 // --- the kernel -----------------------------------------------------------------------------------
@@ -173,7 +179,9 @@ __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
 // d[i * 4 + h * 2 + e] holds row 16 w + l / 4 + 8 h, column 8 i + 2 (l % 4) + e. The A-from-registers
 // fragment of m64n*k16 for k-step kk: a[0] = (row l/4, keys 16kk + 2(l%4) + {0,1}), a[1] = row + 8,
 // a[2] / a[3] = the same with keys + 8 -- i.e. S columns 16 kk .. 16 kk + 15 re-packed in place.
-template <typename T, int kD>
+// kElementwise: the launch has a mask or softcap (every score goes through full_score()); a separate
+// instantiation so that the common path does not carry that code's registers.
+template <typename T, int kD, bool kElementwise>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -254,20 +262,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   const int rbase = row0 + cw * 64 + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
 
-  // Per-row contract data (two rows per thread).
-  RowInfo ri[2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
+  // Per-row contract data (two rows per thread, hh = 0 / 1). Only the key limits stay in registers
+  // through the loop; the rest is recomputed where needed (registers are the limit here).
+  auto row_info = [&](int hh) {
+    RowInfo r;
     const int pos = rbase + hh * 8;
-    ri[hh].valid = pos < a.seq_q;
-    ri[hh].head = h;
-    ri[hh].pos = ri[hh].valid ? pos : 0;
+    r.valid = pos < a.seq_q;
+    r.head = h;
+    r.pos = r.valid ? pos : 0;
     int lim = len;
-    if (a.causal) lim = min(lim, ri[hh].pos + a.causal_offset + 1);
-    ri[hh].key_limit = ri[hh].valid ? max(lim, 0) : 0;
-    ri[hh].mask_off = b * a.mask_stride[0] + h * a.mask_stride[1] + ri[hh].pos * a.mask_stride[2];
-  }
-  const bool elementwise = a.mask_kind != 0 || a.softcap > 0.0f;
+    if (a.causal) lim = min(lim, r.pos + a.causal_offset + 1);
+    r.key_limit = r.valid ? max(lim, 0) : 0;
+    r.mask_off = b * a.mask_stride[0] + h * a.mask_stride[1] + r.pos * a.mask_stride[2];
+    return r;
+  };
+  const int key_limit[2] = {row_info(0).key_limit, row_info(1).key_limit};
+  constexpr bool elementwise = kElementwise;
 
   float o[kD / 2];
 #pragma unroll
@@ -277,7 +287,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float s[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) s[i] = 0.0f;
-  uint32_t p[kBN / 16][4];
+  using PFrag = uint32_t[kBN / 16][4];
+  PFrag p;  // P as the A operand of O += P V
 
   const uint32_t q_off = sQ + cw * 64 * 128;  // this warpgroup's 64 rows in each Q region
   auto issue_qk = [&](int stage) {
@@ -290,59 +301,73 @@ __global__ void __launch_bounds__(kThreads, 1)
       mma_qk<T>(s, da, db, kk == 0 ? 0u : 1u);
     }
   };
-  auto issue_pv = [&](int stage) {
+  auto issue_pv = [&](int stage, const PFrag& pf) {
     const uint32_t vb = sV + stage * Cfg::kKVBytes;
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) mma_pv<T, kD>(o, p[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
+    for (int kk = 0; kk < kBN / 16; ++kk) mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
   };
   // Scores of tile `it` in the log2 domain, online softmax; s becomes exp2(s - max).
-  auto softmax = [&](int it) {
+  // Tile `it` takes the boundary path (per-key limits: causal, key_lengths, Sk) when it crosses the
+  // block's all-visible bound; a non-positive scale takes it too (the fast path folds the scale
+  // into the exponent, which needs it positive). The caller picks the variant at compile time
+  // (`boundary` is std::true_type / std::false_type) so that each variant of the loop body is one
+  // basic block, in which ptxas can overlap the exponentials with the pending P V product.
+  auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
+  auto softmax = [&](int it, auto boundary) {
+    constexpr bool kBoundary = decltype(boundary)::value;
     const int n0 = it * kBN;
     const int c0 = 2 * (lane % 4);
-    if (elementwise) {
+    if constexpr (elementwise) {
 #pragma unroll
-      for (int i = 0; i < kBN / 8; ++i)
+      for (int hh = 0; hh < 2; ++hh) {
+        const RowInfo ri = row_info(hh);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[i * 4 + e] = full_score<T>(a, s[i * 4 + e], ri[e >> 1], n0 + i * 8 + c0 + (e & 1));
-    } else if (n0 + kBN > kr.all_visible) {  // causal / key_lengths / Sk boundary tile
+        for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+          for (int e = 2 * hh; e < 2 * hh + 2; ++e)
+            s[i * 4 + e] = full_score<T>(a, s[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
+      }
+    } else if constexpr (kBoundary) {
 #pragma unroll
       for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = n0 + i * 8 + c0 + (e & 1);
-          s[i * 4 + e] = j < ri[e >> 1].key_limit ? s[i * 4 + e] * a.scale_log2 : -INFINITY;
+          s[i * 4 + e] = j < key_limit[e >> 1] ? s[i * 4 + e] * a.scale_log2 : -INFINITY;
         }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) s[i] *= a.scale_log2;
     }
+    // Fast tiles (positive scale) keep the raw q.k: the row max is taken on them (scaling is
+    // monotone) and the scale is folded into the exponent's FFMA.
+    const float c = (!elementwise && !kBoundary) ? a.scale_log2 : 1.0f;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = m_run[hh];
+      float tmax = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < kBN / 8; ++i) mx = fmaxf(mx, fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
+      for (int i = 0; i < kBN / 8; ++i) tmax = fmaxf(tmax, fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
+      float mx = fmaxf(m_run[hh], tmax * c);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float mbase = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
       alpha[hh] = ex2(m_run[hh] - mbase);
       m_run[hh] = mx;
-      float sum = 0.0f;
+      float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
       for (int i = 0; i < kBN / 8; ++i) {
-        s[i * 4 + 2 * hh] = ex2(s[i * 4 + 2 * hh] - mbase);
-        s[i * 4 + 2 * hh + 1] = ex2(s[i * 4 + 2 * hh + 1] - mbase);
-        sum += s[i * 4 + 2 * hh] + s[i * 4 + 2 * hh + 1];
+        s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
+        s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
+        sum0 += s[i * 4 + 2 * hh];
+        sum1 += s[i * 4 + 2 * hh + 1];
       }
-      l_run[hh] = l_run[hh] * alpha[hh] + sum;
+      l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
     }
   };
-  auto pack_p = [&]() {
+  auto pack_into = [&](PFrag& dst) {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      p[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
-      p[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
-      p[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
-      p[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+      dst[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+      dst[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+      dst[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+      dst[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
     }
   };
   // Keys >= key_lengths[b] inside the tile that holds that bound are real memory (TMA only
@@ -405,9 +430,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     reg_fence(s);
     if (lane == 0) mbar_arrive(bar_kempty(0));
-    softmax(0);
-    pack_p();
-    for (int it = 1; it < n_tiles; ++it) {
+    if (!kElementwise && is_boundary(0)) softmax(0, std::true_type{});
+    else softmax(0, std::false_type{});
+    pack_into(p);
+    // Tiles 1 .. n_tiles - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
+    // S(it) only, then scores it while P(it-1) V(it-1) runs (ptxas places the wait for that
+    // product part-way through the exponentials), and the other warpgroup's batch (pingpong)
+    // keeps the tensor cores busy too.
+    auto step = [&](int it, auto boundary) {
       const int st = it % kStages, prev = (it - 1) % kStages;
       rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added
       mbar_wait(bar_kfull(st), (it / kStages) & 1);
@@ -418,18 +448,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       issue_qk(st);
       wgmma_commit();
-      issue_pv(prev);
+      issue_pv(prev, p);
       wgmma_commit();
       turn_pass(false);
       wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
       reg_fence(s);
       if (lane == 0) mbar_arrive(bar_kempty(st));
-      softmax(it);
+      // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
+      // leaves (P(it-1) live), so that variant waits for the product first.
+      if constexpr (!kElementwise) softmax(it, boundary);
       wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the P registers are free again
       reg_fence(o);
       reg_fence(p);
       if (lane == 0) mbar_arrive(bar_vempty(prev));
-      pack_p();
+      if constexpr (kElementwise) softmax(it, boundary);
+      pack_into(p);
+    };
+    for (int it = 1; it < n_tiles; ++it) {
+      if (!kElementwise && is_boundary(it)) step(it, std::true_type{});
+      else step(it, std::false_type{});
     }
     const int last = (n_tiles - 1) % kStages;
     rescale_o();
@@ -438,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     zero_v_tail(last, n_tiles - 1);
     turn_wait();
     wgmma_fence();
-    issue_pv(last);
+    issue_pv(last, p);
     wgmma_commit();
     turn_pass(true);
     wgmma_wait<0>();
@@ -451,9 +488,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     float l = l_run[hh];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (!ri[hh].valid) continue;
+    const RowInfo ri = row_info(hh);
+    if (!ri.valid) continue;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + h * a.y_stride[1] + ri[hh].pos * a.y_stride[2];
+    T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + h * a.y_stride[1] + ri.pos * a.y_stride[2];
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i) {
       const int c = i * 8 + 2 * (lane % 4);
@@ -482,9 +520,10 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, hopper::kBN) ||
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, hopper::kBN))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
-  static int smem_done[64] = {};
-  auto kernel = hopper::hopper_fwd_kernel<T, kD>;
-  cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done);
+  static int smem_done[2][64] = {};
+  const bool elementwise = a.mask_kind != 0 || a.softcap > 0.0f;
+  auto kernel = elementwise ? hopper::hopper_fwd_kernel<T, kD, true> : hopper::hopper_fwd_kernel<T, kD, false>;
+  cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done[elementwise ? 1 : 0]);
   if (err != cudaSuccess) return err;
   const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
   // OPSFUSE_CUDA_HOPPER_PINGPONG=0 turns the inter-warpgroup schedule off (to measure it).
