@@ -106,14 +106,14 @@ cudaError_t select_stream_device(cudaStream_t stream) {
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // OPSFUSE_CUDA_DISABLE_HOPPER=1: never take the Hopper kernel (read at every call, see the top).
-bool env_flag(const char* name) {
+[[maybe_unused]] bool env_flag(const char* name) {
   const char* e = std::getenv(name);
   return e != nullptr && e[0] == '1';
 }
 
 // The layout TMA can address (hopper/hopper_host.cu encodes it): a 16-byte aligned base, and
 // every stride that is stepped over (extent > 1) positive, a multiple of 16 bytes, below 2^40.
-bool tma_layout_ok(const void* ptr, const int64_t stride[3], int64_t batch, int64_t heads, int64_t rows) {
+[[maybe_unused]] bool tma_layout_ok(const void* ptr, const int64_t stride[3], int64_t batch, int64_t heads, int64_t rows) {
   if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
   const int64_t extent[3] = {batch, heads, rows};
   for (int i = 0; i < 3; ++i) {
