@@ -130,7 +130,8 @@ constexpr int f32_smem_bytes(int bucket, int block_m, int block_n) {
 }
 
 // Decode kernel (flash_decode.cuh): shared memory of one block (Q tile + a ring of `stages` K and V
-// tiles, rows padded by 16 bytes), and the ring depth for a device: the deepest of 2..4 that keeps
+// tiles, rows padded by 16 bytes, + one 8-byte mbarrier per stage for the sm_90 bulk loads), and the
+// ring depth for a device: the deepest of 2..4 that keeps
 // two blocks resident per multiprocessor (H100/H200: 3 at D=128, 4 at D=64; A100: 2 at D=128),
 // else 2 (74 KB at D=128: within every sm_80+ per-block limit).
 constexpr int kDecodeMaxStages = 4;
