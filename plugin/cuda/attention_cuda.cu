@@ -11,7 +11,8 @@
 //                                  the keys (small grids, long Sk), which it otherwise keeps.
 //   OPSFUSE_CUDA_DECODE_NO_CLUSTER=1  (tests) split decode through the workspace + combine kernel
 //                                  also where the sm_90 cluster merge would run (choose_plan).
-//   OPSFUSE_CUDA_DECODE_NO_BULK=1  (tests, A/B) decode loads K/V with cp.async also on sm_90.
+//   OPSFUSE_CUDA_DECODE_BULK=1     (tests, A/B) decode loads K/V rows with cp.async.bulk on sm_90
+//                                  (off by default: measured slower than cp.async).
 // workspace_size() always answers for the portable plan (a superset: the Hopper kernel needs none),
 // so neither variable can make a launch short of workspace.
 #include "attention_cuda.h"
@@ -171,8 +172,9 @@ int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
 //  (memory bound: bytes in flight matter, and a second partial wave would idle most of the chip);
 //  prefill tiles split only when the grid leaves at least half of the multiprocessors idle and
 //  each split keeps >= 4 key tiles (the combine pass is not free).
-//  Decode on compute capability >= 9.0 (plan.bulk): K/V rows by cp.async.bulk (TMA engine, one per
-//  row, mbarrier ring) where the layout allows, which the kernel checks (16-byte rows), else cp.async.
+//  Decode on compute capability >= 9.0 with OPSFUSE_CUDA_DECODE_BULK=1 (plan.bulk, off by default:
+//  measured slower): K/V rows by cp.async.bulk (TMA engine, one per row, mbarrier ring) where the
+//  layout allows, which the kernel checks (16-byte rows), else cp.async.
 //  Decode split on compute capability >= 9.0 with <= 8 splits: the splits of one (batch, kv head)
 //  are one thread-block cluster that merges in distributed shared memory and writes Y (plan.cluster,
 //  no combine launch: ~3-5 us less), when the device holds all the clusters at once (one wave,
@@ -223,7 +225,9 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
   if (plan.kind == KernelKind::kTensorCoreDecode) {  // flash_decode.cuh: a ring of K/V stages
     plan.stages = detail::decode_stages(plan.bucket, dev.smem_per_sm);
     smem_block = detail::decode_smem_bytes(plan.bucket, plan.stages);
-    plan.bulk = dev.cc >= 90 && !env_flag("OPSFUSE_CUDA_DECODE_NO_BULK") ? 1 : 0;
+    // Off by default: measured on the H200 (2026-11-29), one cp.async.bulk per 256-byte row capped
+    // decode at ~1.6 TB/s (the copy engine's request rate), against ~4.0 TB/s with cp.async.
+    plan.bulk = dev.cc >= 90 && env_flag("OPSFUSE_CUDA_DECODE_BULK") ? 1 : 0;
   }
   plan.block_m = tile.block_m;
   plan.block_n = tile.block_n;
