@@ -1,12 +1,14 @@
 """python -m opsfuse bench --device cuda: FusedAttention's CUDA kernel side by side with its peers.
 
-Three grids (issue 5):
+Four grids (issues 5 and 7):
   seed     B=1, H=12, D=64, S in {128..2048}, float32 and float16. Through ONNX Runtime's CUDA EP
            with IO binding (time per session.run): the unfused graph, com.microsoft.MultiHeadAttention,
            ONNX Attention (opset 23), opsfuse's FusedAttention. Kernel only (CUDA-graph replays):
            PyTorch SDPA's best backend and opsfuse's binding.
   prefill  B=8, H=16, D=128, S in {1024, 4096}; B=2, S=16384; bfloat16, causal and not (kernel only).
   decode   Sq=1, B=8, Hq=32, Hkv in {8, 32}, D=128, Sk in {1024, 8192, 32768}, bfloat16 (kernel only).
+  masked   BERT-base attention with the (B, 1, S, S) additive float16 mask HF exports hand over:
+           B=8, H=12, D=64, S in {128, 512} (kernel only; opsfuse also unmasked, for the mask's cost).
 
 Times are medians after warm-up, over input sets rotated so that the L2 cache (60 MB) cannot hold
 them. FLOPs = 4*B*Hq*Sq*Sk*D (halved when causal); bytes = Q + K + V read once + Y written once.
@@ -386,6 +388,57 @@ def run_decode(torch, cuda_mod, rows, repeat, quick):
             torch.cuda.empty_cache()
 
 
+def run_masked(torch, cuda_mod, rows, repeat, quick):
+    """BERT-base attention as HF's eager export hands it over: B=8, H=12, D=64, float16, an additive
+    (B, 1, S, S) mask (padding: the last keys of some rows at float16's minimum), against the same
+    shapes unmasked and SDPA with the same mask."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    for s in ([128] if quick else [128, 512]):
+        b, h, d = 8, 12, 64
+        case = f"B=8 H=12 S={s} D=64 float16 mask (B,1,S,S)"
+        fl, by = _flops(b, h, s, s, d, False), _bytes(b, h, h, s, s, d, 2)
+        sets = _make_sets(torch, torch.float16, b, h, h, s, s, d, _n_sets(by))
+        lengths = torch.tensor([s - (i * s) // 16 for i in range(b)], device="cuda")
+        keep = torch.arange(s, device="cuda")[None, :] < lengths[:, None]  # (B, Sk)
+        mask = torch.zeros(b, 1, s, s, dtype=torch.float16, device="cuda")
+        mask.masked_fill_(~keep[:, None, None, :], torch.finfo(torch.float16).min)
+        base = dict(grid="masked", case=case, dtype="float16", B=b, Hq=h, Hkv=h, Sq=s, Sk=s, D=d, causal=False,
+                    flops=fl, bytes=by)
+        q0, k0, v0 = (x.double() for x in sets[0])
+        ref = F.scaled_dot_product_attention(q0, k0, v0, attn_mask=mask.double())
+        for name, backend in _sdpa_backends(torch).items():
+            if name == "math":
+                continue
+
+            def call(q, k, v, backend=backend):
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            try:
+                y = call(*sets[0])
+                us = time_calls(torch, [lambda x=x: call(*x) for x in sets], repeat)
+                _point(rows, **base, impl=f"SDPA {name}", mode="kernel", us=us, tflops=fl / us / 1e6,
+                       tbps=by / us / 1e6, rel_err=_rel_err(torch, y, ref))
+            except Exception as exc:  # noqa: BLE001
+                _point(rows, **base, impl=f"SDPA {name}", mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
+        for impl, m in (("opsfuse binding", mask), ("opsfuse binding, no mask", None)):
+            try:
+                outs, calls = [], []
+                for q, k, v in sets:
+                    y = torch.empty_like(q)
+                    outs.append(y)
+                    calls.append(lambda q=q, k=k, v=v, y=y, m=m: cuda_mod.fused_attention(q, k, v, attn_mask=m, out=y))
+                calls[0]()
+                us = time_calls(torch, calls, repeat)
+                _point(rows, **base, impl=impl, mode="kernel", us=us, tflops=fl / us / 1e6, tbps=by / us / 1e6,
+                       rel_err=_rel_err(torch, outs[0], ref) if m is not None else None)
+            except Exception as exc:  # noqa: BLE001
+                _point(rows, **base, impl=impl, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
+        del sets
+        torch.cuda.empty_cache()
+
+
 def measure_ceilings(torch):
     """Device copy bandwidth (read + write) and bf16 matrix rate, on random data."""
     out = {}
@@ -544,7 +597,7 @@ def run(args) -> int:
     repeat = getattr(args, "repeat", None) or (5 if quick else 30)
     out_dir = Path(getattr(args, "out", None) or "docs/results")
     out_dir.mkdir(parents=True, exist_ok=True)
-    grids = getattr(args, "grids", None) or "seed,prefill,decode"
+    grids = getattr(args, "grids", None) or "seed,prefill,decode,masked"
 
     props = torch.cuda.get_device_properties(0)
     meta = {
@@ -567,6 +620,8 @@ def run(args) -> int:
         run_prefill(torch, cuda_mod, rows, repeat, quick)
     if "decode" in grids:
         run_decode(torch, cuda_mod, rows, repeat, quick)
+    if "masked" in grids:
+        run_masked(torch, cuda_mod, rows, repeat, quick)
     summary = _summaries(rows)
     (out_dir / "cuda_bench.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1,
                                                         default=str))
@@ -590,7 +645,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/results")
     p.add_argument("--repeat", type=int, default=None)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--grids", default="seed,prefill,decode")
+    p.add_argument("--grids", default="seed,prefill,decode,masked")
     return run(p.parse_args(argv))
 
 
