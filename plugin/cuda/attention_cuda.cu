@@ -11,6 +11,7 @@
 //                                  the keys (small grids, long Sk), which it otherwise keeps.
 //   OPSFUSE_CUDA_DECODE_NO_CLUSTER=1  (tests) split decode through the workspace + combine kernel
 //                                  also where the sm_90 cluster merge would run (choose_plan).
+//   OPSFUSE_CUDA_DECODE_SPLITS=N   (benchmark sweeps) decode with N key splits.
 //   OPSFUSE_CUDA_DECODE_BULK=1     (tests, A/B) decode loads K/V rows with cp.async.bulk on sm_90
 //                                  (off by default: measured slower than cp.async).
 // workspace_size() always answers for the portable plan (a superset: the Hopper kernel needs none),
@@ -242,6 +243,10 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     if (plan.kind == KernelKind::kTensorCoreDecode) {
       // Memory bound: fill every resident slot once (one wave), each split >= 2 key tiles.
       if (blocks < slots) splits = std::min<int64_t>(slots / blocks, std::max(1, n_tiles / 2));
+      // OPSFUSE_CUDA_DECODE_SPLITS=N (benchmark sweeps): N splits, at most one per key tile. Read by
+      // workspace_size() and launch() alike, so both see the same plan.
+      const char* forced = std::getenv("OPSFUSE_CUDA_DECODE_SPLITS");
+      if (forced != nullptr && std::atoi(forced) > 0) splits = std::min(std::atoi(forced), n_tiles);
     } else if (plan.kind == KernelKind::kFloat32) {
       // Compute bound on the CUDA cores: the busiest SM sub-partition runs ceil(warps * s / (4 SMs))
       // warps of 1/s of the keys each. Split when that is >= 20% less than unsplit (the combine
