@@ -44,6 +44,7 @@
 
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 #include <cuda.h>  // CUtensorMap (types only: nothing links libcuda)
 
@@ -174,14 +175,51 @@ __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
   }
 }
 
+// One pair of mask elements (column c = i * 8 of a tile row, and c + 1) into `v` without a branch:
+// both when c + 1 < rem, the first alone when c + 1 == rem, none (v = 0) otherwise. kBytes: 1
+// (bool) or 2 (T); `base` points at column 0 of the tile row and is aligned to a pair.
+template <int kBytes, int kCol>
+__device__ __forceinline__ void mask_pair_load(uint32_t& v, const char* base, int rem) {
+  v = 0;
+  if constexpr (kBytes == 2) {
+    asm volatile(
+        "{\n.reg .pred p, q;\nsetp.gt.s32 p, %1, %3;\nsetp.eq.s32 q, %1, %3;\n"
+        "@p ld.global.nc.u32 %0, [%2+%4];\n@q ld.global.nc.u16 %0, [%2+%4];\n}\n"
+        : "+r"(v)
+        : "r"(rem), "l"(base), "n"(kCol + 1), "n"(kCol * kBytes));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p, q;\nsetp.gt.s32 p, %1, %3;\nsetp.eq.s32 q, %1, %3;\n"
+        "@p ld.global.nc.u16 %0, [%2+%4];\n@q ld.global.nc.u8 %0, [%2+%4];\n}\n"
+        : "+r"(v)
+        : "r"(rem), "l"(base), "n"(kCol + 1), "n"(kCol * kBytes));
+  }
+}
+
+// The pairs of one tile row: columns I * 8 (+ 1) of `base` into v[I].
+template <int kBytes, int... I>
+__device__ __forceinline__ void mask_row_loads(uint32_t (&v)[sizeof...(I)], const char* base, int rem,
+                                               std::integer_sequence<int, I...>) {
+  (mask_pair_load<kBytes, I * 8>(v[I], base, rem), ...);
+}
+
 // --- the kernel -----------------------------------------------------------------------------------
 // Accumulator layout of wgmma m64nN (per warpgroup thread t, warp w = t / 32, lane l): register
 // d[i * 4 + h * 2 + e] holds row 16 w + l / 4 + 8 h, column 8 i + 2 (l % 4) + e. The A-from-registers
 // fragment of m64n*k16 for k-step kk: a[0] = (row l/4, keys 16kk + 2(l%4) + {0,1}), a[1] = row + 8,
 // a[2] / a[3] = the same with keys + 8 -- i.e. S columns 16 kk .. 16 kk + 15 re-packed in place.
-// kElementwise: the launch has a mask or softcap (every score goes through full_score()); a separate
-// instantiation so that the common path does not carry that code's registers.
-template <typename T, int kD, bool kElementwise>
+// kMode (each a separate instantiation, so that the common path carries none of the others' registers):
+//  kPlain     no mask, no softcap.
+//  kGeneral   softcap, or a mask whose layout the pair loads below cannot read: every score goes
+//             through full_score() after the P V product it overlaps with is done.
+//  kMaskAdd / kMaskBool  a mask (additive T / bool) without softcap, read as aligned column pairs
+//             (mask_stride[3] == 1, even element offsets: one 32-bit load per T pair, one 16-bit
+//             load per bool pair), per thread from two row pointers computed once; a tile's loads
+//             are issued before its S wgmma is waited for, so their latency hides behind the matrix
+//             products. The values added are full_score()'s, bit for bit.
+enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3 };
+
+template <typename T, int kD, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -277,6 +315,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     return r;
   };
   const int key_limit[2] = {row_info(0).key_limit, row_info(1).key_limit};
+  constexpr bool kElementwise = kMode == kGeneral;  // scores through full_score()
+  constexpr bool kPairMask = kMode == kMaskAdd || kMode == kMaskBool;
   constexpr bool elementwise = kElementwise;
 
   float o[kD / 2];
@@ -312,12 +352,62 @@ __global__ void __launch_bounds__(kThreads, 1)
   // into the exponent, which needs it positive). The caller picks the variant at compile time
   // (`boundary` is std::true_type / std::false_type) so that each variant of the loop body is one
   // basic block, in which ptxas can overlap the exponentials with the pending P V product.
+  // Pair masks: this thread's two mask rows (byte pointers; rows out of range have key_limit 0
+  // and are never read), and the raw pairs of one tile, element e of a pair in bits [16e, 16e+16)
+  // (T) or [8e, 8e+8) (bool). A pair is read only below the row's key limit (<= Sk): one element
+  // when only the first one is; a row shared by both rows (mask_stride[2] == 0, padding masks) is
+  // read once.
+  constexpr int kMaskBytes = kMode == kMaskBool ? 1 : 2;
+  const char* mrow[2] = {nullptr, nullptr};
+  if constexpr (kPairMask) {
+    mrow[0] = static_cast<const char*>(a.mask) + row_info(0).mask_off * kMaskBytes;
+    mrow[1] = static_cast<const char*>(a.mask) + row_info(1).mask_off * kMaskBytes;
+  }
+  const bool mask_rows_shared = a.mask_stride[2] == 0;
+  uint32_t mraw[2][kBN / 8];
+  auto load_mask = [&](int it) {
+    if constexpr (kPairMask) {
+      const int j0 = it * kBN + 2 * (lane % 4);
+      auto load_row = [&](int hh, int lim) {
+        const char* base = mrow[hh] + static_cast<int64_t>(j0) * kMaskBytes;
+        const int rem = lim - j0;  // column j0 + i * 8 (+ 1) is read when i * 8 (+ 1) < rem
+        mask_row_loads<kMaskBytes>(mraw[hh], base, rem, std::make_integer_sequence<int, kBN / 8>{});
+      };
+      if (mask_rows_shared) {
+        load_row(0, max(key_limit[0], key_limit[1]));
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i) mraw[1][i] = mraw[0][i];
+      } else {
+        load_row(0, key_limit[0]);
+        load_row(1, key_limit[1]);
+      }
+    }
+  };
   auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
   auto softmax = [&](int it, auto boundary) {
     constexpr bool kBoundary = decltype(boundary)::value;
     const int n0 = it * kBN;
     const int c0 = 2 * (lane % 4);
-    if constexpr (elementwise) {
+    if constexpr (kPairMask) {
+      // full_score()'s arithmetic: (qk * scale [+ mask]) * log2 e, or -inf.
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = n0 + i * 8 + c0 + (e & 1);
+          const uint32_t raw = mraw[e >> 1][i];
+          float x = s[i * 4 + e] * a.scale;
+          bool vis = j < key_limit[e >> 1];
+          if constexpr (kMode == kMaskBool) {
+            vis = vis && ((raw >> (8 * (e & 1))) & 0xffu) != 0;
+          } else {
+            const unsigned short bits = static_cast<unsigned short>(raw >> (16 * (e & 1)));
+            if constexpr (std::is_same_v<T, __half>) x += __half2float(__ushort_as_half(bits));
+            else x += __bfloat162float(__ushort_as_bfloat16(bits));
+          }
+          s[i * 4 + e] = vis ? x * kLog2e : -INFINITY;
+        }
+    } else if constexpr (elementwise) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const RowInfo ri = row_info(hh);
@@ -338,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // Fast tiles (positive scale) keep the raw q.k: the row max is taken on them (scaling is
     // monotone) and the scale is folded into the exponent's FFMA.
-    const float c = (!elementwise && !kBoundary) ? a.scale_log2 : 1.0f;
+    const float c = (kMode == kPlain && !kBoundary) ? a.scale_log2 : 1.0f;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       float tmax = -INFINITY;
@@ -416,6 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 
+  if (n_tiles > 0) load_mask(0);
   mbar_wait(bar_q, 0);
   __syncwarp();
   if (n_tiles > 0) {
@@ -430,7 +521,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     reg_fence(s);
     if (lane == 0) mbar_arrive(bar_kempty(0));
-    if (!kElementwise && is_boundary(0)) softmax(0, std::true_type{});
+    if (kMode == kPlain && is_boundary(0)) softmax(0, std::true_type{});
     else softmax(0, std::false_type{});
     pack_into(p);
     // Tiles 1 .. n_tiles - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
@@ -439,6 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // keeps the tensor cores busy too.
     auto step = [&](int it, auto boundary) {
       const int st = it % kStages, prev = (it - 1) % kStages;
+      load_mask(it);  // independent of S(it): in flight while the wgmmas run
       rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added
       mbar_wait(bar_kfull(st), (it / kStages) & 1);
       mbar_wait(bar_vfull(prev), ((it - 1) / kStages) & 1);
@@ -465,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       pack_into(p);
     };
     for (int it = 1; it < n_tiles; ++it) {
-      if (!kElementwise && is_boundary(it)) step(it, std::true_type{});
+      if (kMode == kPlain && is_boundary(it)) step(it, std::true_type{});
       else step(it, std::false_type{});
     }
     const int last = (n_tiles - 1) % kStages;
@@ -510,6 +602,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool hopper_encode_map(CUtensorMap* map, const void* base, bool bf16, int64_t cols, int64_t rows, int64_t heads,
                        int64_t batch, const int64_t strides[3], int box_rows);
 
+// Which instantiation (hopper::Mode) a launch takes. Pair masks need mask_stride[3] == 1 and every
+// element offset of a pair even (each stride even, the base aligned to a pair); anything else with
+// a mask, and softcap, take kGeneral. OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0 sends masks to kGeneral too.
+inline int hopper_mode(const KernelArgs& a) {
+  if (a.mask_kind == 0 && !(a.softcap > 0.0f)) return hopper::kPlain;
+  if (a.mask_kind == 0 || a.softcap > 0.0f) return hopper::kGeneral;
+  const char* env = std::getenv("OPSFUSE_CUDA_HOPPER_MASK_PAIRS");
+  if (env != nullptr && env[0] == '0') return hopper::kGeneral;
+  const int64_t pair_bytes = a.mask_kind == 1 ? 2 : 4;
+  bool ok = a.mask_stride[3] == 1 && reinterpret_cast<uintptr_t>(a.mask) % pair_bytes == 0;
+  for (int i = 0; i < 3; ++i) ok = ok && a.mask_stride[i] % 2 == 0;
+  if (!ok) return hopper::kGeneral;
+  return a.mask_kind == 1 ? hopper::kMaskBool : hopper::kMaskAdd;
+}
+
 template <typename T, int kD>
 cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   (void)plan;
@@ -520,10 +627,13 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, hopper::kBN) ||
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, hopper::kBN))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
-  static int smem_done[2][64] = {};
-  const bool elementwise = a.mask_kind != 0 || a.softcap > 0.0f;
-  auto kernel = elementwise ? hopper::hopper_fwd_kernel<T, kD, true> : hopper::hopper_fwd_kernel<T, kD, false>;
-  cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done[elementwise ? 1 : 0]);
+  static int smem_done[4][64] = {};
+  const int mode = hopper_mode(a);
+  auto kernel = mode == hopper::kPlain     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
+                : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
+                : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
+                                            : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
+  cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done[mode]);
   if (err != cudaSuccess) return err;
   const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
   // OPSFUSE_CUDA_HOPPER_PINGPONG=0 turns the inter-warpgroup schedule off (to measure it).

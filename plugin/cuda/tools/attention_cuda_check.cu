@@ -48,7 +48,7 @@ struct Case {
   int causal;
   float softcap;
   MaskKind mask;
-  int mask_rank;  // 2: (Sq, Sk); 4: (B, 1, Sq, Sk)
+  int mask_rank;  // 2: (Sq, Sk); 4: (B, 1, Sq, Sk); 1: (B, 1, 1, Sk) (a padding mask)
   int key_lengths;  // 0 none, 32 or 64 bits
 };
 
@@ -93,6 +93,8 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream) {
   if (c.mask != MaskKind::kNone) {
     if (c.mask_rank == 2) {
       ms[2] = c.Sk, ms[3] = 1, nm = size_t(c.Sq) * c.Sk;
+    } else if (c.mask_rank == 1) {
+      ms[0] = c.Sk, ms[3] = 1, nm = size_t(c.B) * c.Sk;
     } else {
       ms[0] = int64_t(c.Sq) * c.Sk, ms[2] = c.Sk, ms[3] = 1, nm = size_t(c.B) * c.Sq * c.Sk;
     }
@@ -347,6 +349,13 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 causal1 1000x1000", BF, 1, 2, 2, 1000, 1000, 128, 128, 1, 0.f, N, 0, 0},
       {"hop f16 d40/80 causal2 gqa2", H, 2, 4, 2, 150, 333, 40, 80, 2, 0.f, N, 0, 0},
       {"hop bf16 d96 addmask softcap", BF, 1, 3, 1, 260, 200, 96, 96, 1, 20.f, MA, 4, 0},
+      // Masks read as column pairs (even Sk, no softcap): (B,1,S,S) additive as HF exports BERT's,
+      // (B,1,1,Sk) bool padding masks (one row read for both rows of a thread) with odd key
+      // lengths (a pair's second key past the limit: one element read), (Sq,Sk) additive causal 2.
+      {"hop f16 d128 addmask B1SS", H, 2, 3, 3, 200, 300, 128, 128, 0, 0.f, MA, 4, 0},
+      {"hop bf16 d64 boolpad causal1 kl32", BF, 3, 2, 2, 260, 260, 64, 64, 1, 0.f, MB, 1, 32},
+      {"hop f16 d64 addmask causal2 gqa2", H, 1, 4, 2, 100, 258, 64, 64, 2, 0.f, MA, 2, 0},
+      {"hop bf16 d128 boolmask B1SS kl64", BF, 2, 2, 1, 130, 390, 128, 128, 0, 0.f, MB, 4, 64},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
