@@ -155,18 +155,20 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
 }
 
 // Hopper persistent grid (one block per multiprocessor, each looping over row tiles in a static
-// round-robin: the producer loads the next tile's Q and K/V while the consumers finish the current
-// one, which hides a tile's prologue and epilogue) when there are more row tiles than
-// multiprocessors and the tiles cost the same: not causal (static round-robin would balance the
-// triangle worse than the hardware's dynamic block scheduling), no key_lengths.
-// OPSFUSE_CUDA_HOPPER_PERSISTENT=0: never; =1: wherever the tiles outnumber the multiprocessors.
+// snake order, see hopper_fwd.cuh: the producer loads the next tile's Q and K/V while the
+// consumers finish the current one, which hides a tile's prologue and epilogue) when there are
+// more row tiles than multiprocessors and no key_lengths (per-batch lengths make the tiles' costs
+// data-dependent, which a static schedule cannot balance; the hardware's block scheduler can).
+// Causal: the snake pairs a block's heavy and light row tiles (sums equal when 2 * #SMs is a
+// multiple of the row tiles per head, e.g. 264 and 8 at S=1024, and over whole cycles otherwise).
+// OPSFUSE_CUDA_HOPPER_PERSISTENT=0: never; =1: also with key_lengths.
 [[maybe_unused]] bool hopper_persistent(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
   const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
   if (e != nullptr && e[0] == '0') return false;
   const int64_t tiles = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
   if (tiles <= dev.sms) return false;
   if (e != nullptr && e[0] == '1') return true;
-  return p.is_causal == 0 && p.key_lengths == nullptr;
+  return p.key_lengths == nullptr;
 }
 
 // Decode cluster merge (flash_decode.cuh): how many clusters of `cluster` blocks of the decode

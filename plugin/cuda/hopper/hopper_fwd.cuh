@@ -243,11 +243,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t bar_qempty = smem_u32(&bars[1 + 4 * kStages]);
 
   // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
-  // (K/V reuse in L2), heaviest (causal) first. Block x takes items x, x + gridDim.x, ... (n_work
-  // items in all): one item per block unless the launch is persistent (gridDim.x < n_work), where
-  // the producer loads the next item's Q and K/V while the consumers finish the current one. The
-  // K/V ring's stage / phase and Q's phase continue across a block's items (kv_base, round).
+  // (K/V reuse in L2), heaviest (causal) first. n_work items in all: one per block unless the
+  // launch is persistent (gridDim.x < n_work), where the producer loads the next item's Q and K/V
+  // while the consumers finish the current one. The K/V ring's stage / phase and Q's phase
+  // continue across a block's items (kv_base, round). Round r of block x is item r * G + x, or
+  // r * G + G - 1 - x for odd r (G = gridDim.x; a snake, so that with causal row tiles, heaviest
+  // first within a head, a block's light and heavy items pair up); the items of one round are
+  // the same set as with one block per item in a wave (L2 reuse unchanged). Past n_work: done.
   const int n_rt = (a.seq_q + kBM - 1) / kBM;
+  auto item_of = [&](int r) {
+    const int x = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
+    const int64_t w = static_cast<int64_t>(r) * G + ((r & 1) ? G - 1 - x : x);
+    return w < n_work ? static_cast<int>(w) : n_work;
+  };
   struct Work {
     int b, h, hk, row0, len, n_tiles;
     KeyRange kr;
@@ -289,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) {
       int kv = 0;  // K/V tiles loaded by this block so far (ring position)
       int round = 0;
-      for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++round) {
+      for (int w = item_of(0); w < n_work; w = item_of(++round)) {
         const Work wk = work_of(w);
         // Q of the previous item is released by the consumers after its last S = Q K^T.
         if (round > 0) mbar_wait(bar_qempty, (round - 1) & 1);
@@ -323,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of tile 0)
   int round = 0;
-  for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++round) {
+  for (int w = item_of(0); w < n_work; w = item_of(++round)) {
     const Work wk = work_of(w);
     const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len, n_tiles = wk.n_tiles;
     const KeyRange kr = wk.kr;
