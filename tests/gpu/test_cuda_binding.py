@@ -78,6 +78,61 @@ def test_masks(dtype, mask_shape, kind):
     check(q, k, v, attn_mask=mask, seed=seed)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["transposed", "offset_by_one", "odd_sk", "b_1_sq_sk"])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_mask_views(dtype, layout, kind):
+    """Mask views that the Hopper kernel's column-pair loads cannot read -- a column stride != 1 (a
+    transposed view), a base and row stride odd in elements (a column slice), an odd Sk -- take its
+    general scoring; a contiguous (B,1,Sq,Sk) mask (HF's BERT export) takes the pairs. Causal 1 with
+    several row and key tiles; all against the reference."""
+    cuda = require_cuda_module()
+    import torch
+
+    rng, seed = fresh_rng()
+    b, hq, hkv, sq = 2, 4, 2, 200
+    sk = 259 if layout == "odd_sk" else 260
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, 64, 64)
+    shape = (b, 1, sq, sk) if layout == "b_1_sq_sk" else (sq, sk)
+    if kind == "bool":
+        mask = rng.random(shape) < 0.7
+        mask[..., 0, :] = False  # fully masked rows -> 0
+    else:
+        mask = rng.standard_normal(shape)
+        mask[rng.random(shape) < 0.1] = -np.inf
+        mask = mask.astype(dtype)
+    if layout == "transposed":
+        tm = to_device(np.ascontiguousarray(mask.T)).T
+        assert tm.stride() == (1, sq)
+    elif layout == "offset_by_one":
+        wide = np.zeros((sq, sk + 1), dtype=mask.dtype)
+        wide[:, 1:] = mask
+        tm = to_device(wide)[:, 1:]
+        assert tm.stride() == (sk + 1, 1)
+    else:
+        tm = to_device(mask)
+    tq, tk, tv = to_device(q), to_device(k), to_device(v)
+    out = poisoned((b, hq, sq, 64), dtype)
+    y = cuda.fused_attention(tq, tk, tv, tm, None, out=out, is_causal=1)
+    torch.cuda.synchronize()
+    y = to_numpy(y, dtype)
+    assert np.all(np.isfinite(y.astype(np.float64))), f"NaN/unwritten output (seed {seed})"
+    assert_within_2x_torch(y, q, k, v, mask, None, None, 1, 0.0, what=f"mask view {layout} (seed {seed})")
+
+
+@pytest.mark.parametrize("is_causal", [0, 1, 2])
+def test_many_row_tiles(is_causal):
+    """More 128-row tiles (6 x 24 = 144) than an H100/H200 has multiprocessors: the Hopper kernel's
+    persistent grid (blocks loop over row tiles), with a (B,1,Sq,Sk) additive mask, GQA 3; causal 2
+    with Sq > Sk leaves the first 400 rows without any key (-> 0)."""
+    rng, seed = fresh_rng()
+    b, hq, hkv, sq, sk = 2, 12, 4, 700, 300
+    q, k, v = random_inputs(rng, np.float16, b, hq, hkv, sq, sk, 64, 64)
+    mask = rng.standard_normal((b, 1, sq, sk))
+    mask[rng.random(mask.shape) < 0.1] = -np.inf
+    check(q, k, v, attn_mask=mask.astype(np.float16), is_causal=is_causal, seed=seed)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("kl_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("sq", [1, 50])
