@@ -278,6 +278,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = threadIdx.x;
   if (tid == 0) {
+    // The tensor maps (kernel parameters) into the TMA unit's descriptor cache before the first
+    // load needs them.
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_k)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_v)) : "memory");
     mbar_init(bar_q, 1);
     mbar_init(bar_qempty, kConsumerWarps);
     for (int s = 0; s < kStages; ++s) {
