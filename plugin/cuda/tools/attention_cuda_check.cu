@@ -258,13 +258,15 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
 // --bench: kernel time (CUDA events, constant inputs) of the prefill grid (bf16, D = 128), the seed
 // shapes (f16, D = 64) and BERT-base attention with HF's expanded (B,1,S,S) additive mask, each
 // with the Hopper kernel as chosen ("hopper"), its alternative ("alt": persistent grid off for
-// launches without a mask; masks through the general scoring), and off.
+// launches without a mask, or the Hopper kernel forced on small grids; masks through the general
+// scoring), and off.
 int run_bench(cudaStream_t stream) {
   struct B { DType dt; int b, h, s, d, causal, mask; };  // mask: 0 none, 1 additive (B,1,S,S), 2 bool (B,1,1,S)
   const DType BF = DType::kBFloat16, H = DType::kFloat16;
   const B grid[] = {{BF, 8, 16, 1024, 128, 0, 0}, {BF, 8, 16, 4096, 128, 0, 0}, {BF, 2, 16, 16384, 128, 0, 0},
                     {BF, 8, 16, 1024, 128, 1, 0}, {BF, 8, 16, 4096, 128, 1, 0}, {BF, 2, 16, 16384, 128, 1, 0},
-                    {H, 1, 12, 1024, 64, 0, 0},   {H, 1, 12, 2048, 64, 0, 0},   {H, 8, 12, 128, 64, 0, 1},
+                    {H, 1, 12, 512, 64, 0, 0},    {H, 1, 12, 1024, 64, 0, 0},   {H, 1, 12, 2048, 64, 0, 0},
+                    {H, 8, 12, 128, 64, 0, 1},
                     {H, 8, 12, 512, 64, 0, 1},    {H, 8, 12, 512, 64, 0, 0},    {H, 8, 12, 512, 64, 0, 2}};
   for (const B& g : grid) {
     const int D = g.d;
@@ -300,8 +302,12 @@ int run_bench(cudaStream_t stream) {
     const double flops = 4.0 * g.b * g.h * double(g.s) * g.s * D * (g.causal ? 0.5 : 1.0);
     std::printf("bench %s D=%d B=%d H=%d S=%d causal=%d mask=%s:", g.dt == BF ? "bf16" : "f16", D, g.b, g.h, g.s,
                 g.causal, g.mask == 1 ? "add(B,1,S,S)" : (g.mask == 2 ? "bool(B,1,1,S)" : "none"));
-    const char* alt_env = g.mask ? "OPSFUSE_CUDA_HOPPER_MASK_PAIRS" : "OPSFUSE_CUDA_HOPPER_PERSISTENT";
-    const char* alt_val = "0";
+    // Small grids (e.g. seed S=512: 48 blocks, where the portable plan splits the keys and the
+    // launcher keeps it): the alternative is the Hopper kernel forced.
+    const bool small = int64_t(g.b) * g.h * ((g.s + 127) / 128) * 2 <= 132;
+    const char* alt_env = g.mask ? "OPSFUSE_CUDA_HOPPER_MASK_PAIRS"
+                                 : (small ? "OPSFUSE_CUDA_FORCE_HOPPER" : "OPSFUSE_CUDA_HOPPER_PERSISTENT");
+    const char* alt_val = small && !g.mask ? "1" : "0";
     for (int pass = 0; pass < 3; ++pass) {
       if (pass == 1) setenv(alt_env, alt_val, 1);
       if (pass == 2) {
