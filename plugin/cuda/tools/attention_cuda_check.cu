@@ -390,13 +390,15 @@ int main(int argc, char** argv) {
       {"hop bf16 d64 boolpad causal1 kl32", BF, 3, 2, 2, 260, 260, 64, 64, 1, 0.f, MB, 1, 32},
       {"hop f16 d64 addmask causal2 gqa2", H, 1, 4, 2, 100, 258, 64, 64, 2, 0.f, MA, 2, 0},
       {"hop bf16 d128 boolmask B1SS kl64", BF, 2, 2, 1, 130, 390, 128, 128, 0, 0.f, MB, 4, 64},
-      // Persistent grids: more row tiles (144, 150, 140) than an H100/H200 has multiprocessors
-      // (132), the blocks loop over several tiles each; as choose_plan decides (non-causal with a
-      // pair mask and GQA 3; causal 1), and forced (causal 2 with Sq > Sk: tiles without any key,
-      // i.e. zero K/V tiles, and key_lengths 0 for batch 0).
+      // Persistent grids: more row tiles (144, 150, 140, 144) than an H100/H200 has
+      // multiprocessors (132), the blocks loop over several tiles each; as choose_plan decides
+      // (non-causal with a pair mask and GQA 3; causal with 4 row tiles per head and a bool
+      // padding mask), and forced (causal 2 with Sq > Sk: tiles without any key, i.e. zero K/V
+      // tiles, and key_lengths 0 for batch 0; causal 1 with 5 row tiles per head).
       {"hop f16 d64 persistent addmask gqa3", H, 2, 9, 3, 1000, 300, 64, 64, 0, 0.f, MA, 2, 0},
       {"hop bf16 d128 persistent causal2 kl32", BF, 3, 10, 5, 600, 400, 128, 128, 2, 0.f, N, 0, 32, 1},
-      {"hop f16 d128 persistent causal1 gqa2", H, 2, 14, 7, 520, 520, 128, 128, 1, 0.f, N, 0, 0},
+      {"hop f16 d128 persistent causal1 gqa2", H, 2, 14, 7, 520, 520, 128, 128, 1, 0.f, N, 0, 0, 1},
+      {"hop bf16 d64 persistent causal1 Sq512", BF, 2, 18, 6, 512, 512, 64, 64, 1, 0.f, MB, 1, 0},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
