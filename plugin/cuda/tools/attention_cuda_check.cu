@@ -259,7 +259,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
 // shapes (f16, D = 64) and BERT-base attention with HF's expanded (B,1,S,S) additive mask, each
 // with the Hopper kernel as chosen ("hopper"), its alternative ("alt": persistent grid off for
 // launches without a mask, or the Hopper kernel forced on small grids; masks through the general
-// scoring), and off.
+// scoring), without the inter-warpgroup pingpong, and off.
 int run_bench(cudaStream_t stream) {
   struct B { DType dt; int b, h, s, d, causal, mask; };  // mask: 0 none, 1 additive (B,1,S,S), 2 bool (B,1,1,S)
   const DType BF = DType::kBFloat16, H = DType::kFloat16;
@@ -308,10 +308,14 @@ int run_bench(cudaStream_t stream) {
     const char* alt_env = g.mask ? "OPSFUSE_CUDA_HOPPER_MASK_PAIRS"
                                  : (small ? "OPSFUSE_CUDA_FORCE_HOPPER" : "OPSFUSE_CUDA_HOPPER_PERSISTENT");
     const char* alt_val = small && !g.mask ? "1" : "0";
-    for (int pass = 0; pass < 3; ++pass) {
+    for (int pass = 0; pass < 4; ++pass) {
       if (pass == 1) setenv(alt_env, alt_val, 1);
       if (pass == 2) {
         unsetenv(alt_env);
+        setenv("OPSFUSE_CUDA_HOPPER_PINGPONG", "0", 1);
+      }
+      if (pass == 3) {
+        unsetenv("OPSFUSE_CUDA_HOPPER_PINGPONG");
         setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
       }
       const size_t wsb = opsfuse::cuda::workspace_size(p);
@@ -330,7 +334,7 @@ int run_bench(cudaStream_t stream) {
       float ms = 0;
       CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
       const double us = 1000.0 * ms / iters;
-      const char* label = pass == 0 ? "hopper" : (pass == 1 ? "alt" : "portable");
+      const char* label = pass == 0 ? "hopper" : (pass == 1 ? "alt" : (pass == 2 ? "no-pingpong" : "portable"));
       if (ok) std::printf("  %s(kind %d) %.1f us %.0f TFLOP/s", label, kind, us, flops / us * 1e-6);
       else std::printf("  %s launch failed: %s", label, opsfuse::cuda::last_error_message());
       CHECK_CUDA(cudaEventDestroy(e0));
