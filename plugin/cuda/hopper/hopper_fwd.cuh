@@ -4,14 +4,17 @@
 // (attention_cuda.cu, choose_plan) takes it on compute capability 9.0 devices for the cases it
 // covers and keeps the portable mma.sync kernel (flash_tc.cuh) for everything else.
 //
-// Design (one block = 128 query rows of one (batch, query head); 3 warpgroups, 384 threads):
+// Design (one work item = 128 query rows of one (batch, query head); one block per item, or a
+// persistent grid of one block per SM looping over items, choose_plan's plan.persistent;
+// 3 warpgroups, 384 threads):
 //  - warpgroup 0, the producer: gives its registers away (setmaxnreg.dec 24); one thread issues
 //    the TMA loads (cp.async.bulk.tensor, 128-byte swizzle) of the Q tile once and of the K and V
 //    tiles into a kStages-deep shared-memory ring, each with a "full" mbarrier (transaction bytes)
 //    and an "empty" mbarrier that the consumers release.
 //  - warpgroups 1 and 2, the consumers (setmaxnreg.inc 240): 64 query rows each.
 //      S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (both K-major),
-//      score       scale, softcap, mask, causal, key_lengths on the S accumulators (kernel_common.cuh)
+//      score       scale, softcap, mask, causal, key_lengths on the S accumulators (kernel_common.cuh;
+//                  aligned masks without softcap as column-pair loads issued ahead, see Mode)
 //      softmax     online, in registers, log2 domain, ex2.approx
 //      O += P V    wgmma m64nDk16, A = P from registers (re-packed S accumulators), B = V from
 //                  shared memory, N(=Dv)-major (transpose flag).
