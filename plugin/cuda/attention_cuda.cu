@@ -26,11 +26,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 
 #include <cuda_runtime.h>
 
+#include "common/message.h"
 #include "kernel_common.cuh"
 
 namespace opsfuse::cuda {
@@ -49,7 +49,7 @@ Status fail(Status s, const std::string& msg) {
 }
 
 Status cuda_fail(cudaError_t err, const char* what) {
-  std::ostringstream os;
+  Message os;
   os << what << " failed: " << cudaGetErrorName(err) << ": " << cudaGetErrorString(err);
   return fail(Status::kDeviceError, os.str());
 }
@@ -309,7 +309,7 @@ size_t workspace_for(const AttentionParams& p, const Plan& plan) {
 }
 
 std::string check_params(const AttentionParams& p) {
-  std::ostringstream os;
+  Message os;
   if (p.batch < 0 || p.heads_q < 0 || p.heads_kv < 0 || p.seq_q < 0 || p.seq_k < 0) {
     os << "negative size in params";
   } else if (p.heads_kv == 0 && p.heads_q != 0) {
@@ -438,7 +438,7 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
   const Plan plan = choose_plan(p, dev);
   const size_t need = workspace_for(p, plan);
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
-    std::ostringstream os;
+    Message os;
     os << "the launch needs " << need << " bytes of workspace (workspace_size), got " << workspace_bytes;
     return fail(Status::kInvalidArgument, os.str());
   }
