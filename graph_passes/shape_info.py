@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
+import tempfile
 import warnings
 
 import onnx
@@ -26,6 +28,18 @@ Shape = tuple  # of int | str | None
 _INLINE_LIMIT = 1024  # elements: initializers up to this size stay (shape tensors, scales)
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _scratch_working_dir():
+    """The process's working directory is a temporary folder for the duration (then removed)."""
+    previous = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="opsfuse_shapes_") as scratch:
+        os.chdir(scratch)
+        try:
+            yield
+        finally:
+            os.chdir(previous)
 
 
 def _dims_of(type_proto: onnx.TypeProto) -> Shape | None:
@@ -145,9 +159,11 @@ def infer_shapes(model: ir.Model) -> ShapeMap:
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        # It prints its complaints; keep them off the user's terminal.
+        # It prints its complaints; keep them off the user's terminal. It also saves temporary
+        # models (sym_shape_infer_temp.onnx, uuid-named .data files) into the working directory:
+        # run it in a scratch one so nothing is left in the user's.
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):
+                contextlib.redirect_stderr(io.StringIO()), _scratch_working_dir():
             warnings.simplefilter("ignore")
             for merge in (False, True):
                 try:

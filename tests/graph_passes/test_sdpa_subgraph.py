@@ -320,6 +320,16 @@ def test_unprovable_candidates_are_left_with_reason(kind, reason):
     assert not fused_nodes(out)
 
 
+def test_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):
+    """ORT's symbolic shape inference saves sym_shape_infer_temp.onnx and uuid-named .data files
+    into the working directory for ops it hands to ONNX (here an op of an unknown domain): the pass
+    must leave the user's folder as it found it."""
+    monkeypatch.chdir(tmp_path)
+    out, report = fuse(_custom_graph("unknown_rank"))
+    assert report.found == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_float16_qk_with_float32_softmax_and_v():
     """TorchScript's SDPA export of a float16 model: Q.K^T in float16, then Cast to float32, a
     float32 mask, softmax and P.V in float32 on a widened V: fused in float32 on widened Q, K."""
