@@ -35,6 +35,11 @@ CASES = [
     (2, 2, 1, 97, 130, 128, 24, "fp16", ("bool", (97, 130)), 1, True, 5.0, None),
     (1, 1, 1, 1025, 97, 256, 256, "bf16", None, 0, False, 0.0, 0.125),
     (1, 6, 2, 33, 65, 17, 5, "fp32", ("add", (1, 6, 33, 65)), 2, False, 0.0, None),
+    # MHA decoding and other items of at most half a vector of rows: the row formulation.
+    (2, 3, 3, 1, 1025, 64, 64, "fp32", ("add", (2, 3, 1, 1025)), 0, True, 0.0, None),
+    (1, 4, 4, 1, 130, 59, 7, "fp16", ("bool", (1, 1, 1, 130)), 2, False, 20.0, None),
+    (2, 2, 2, 3, 97, 256, 200, "bf16", ("add", (2, 1, 3, 97)), 2, True, 0.0, 0.2),
+    (1, 2, 2, 1, 65, 7, 33, "fp32", None, 1, False, 0.0, None),
 ]
 
 _CHILD = r"""

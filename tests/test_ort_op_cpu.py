@@ -155,6 +155,55 @@ def test_softcap_and_scale(run, dtype, softcap, scale):
     assert_within_2x_torch(out, q, k, v, attn_mask=mask, scale=scale, softcap=softcap, what="softcap/scale")
 
 
+# Items with at most half a vector of rows (MHA decoding: Sq = 1 with Hq = Hkv, or Sq = 3) go
+# through the kernel's row formulation (dot products along D, attention_cpu_impl.h), which has
+# its own code for every part of the contract; these cases keep Hq = Hkv so every item is small.
+ROW_MASK_SHAPES = [(1, 77), (2, 1, 1, 77), (2, 3, 1, 77), (1, 3, 1, 77), (3, 1, 77), (2, 3, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("shape", ROW_MASK_SHAPES, ids=[str(s) for s in ROW_MASK_SHAPES])
+def test_decode_rows_masks(run, dtype, kind, shape):
+    rng = np.random.default_rng()
+    q, k, v = random_inputs(rng, dtype, 2, 3, 3, 1, 77, 64, 64)
+    if kind == "bool":
+        mask = rng.random(shape) < 0.7
+    else:
+        mask = rng.standard_normal(shape).astype(dtype)
+        mask[rng.random(shape) < 0.2] = -np.inf
+    out = run(q, k, v, attn_mask=mask)
+    assert_within_2x_torch(out, q, k, v, attn_mask=mask, what=f"decode {kind} mask {shape}")
+    assert not np.any(np.isnan(out.astype(np.float64)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("sq", [1, 3])
+@pytest.mark.parametrize("d,dv", [(7, 7), (59, 59), (256, 256), (64, 130), (17, 5), (1, 1), (200, 24)])
+@pytest.mark.parametrize("is_causal", [0, 1, 2])
+def test_decode_rows_sizes_and_causal(run, dtype, sq, d, dv, is_causal):
+    rng = np.random.default_rng()
+    q, k, v = random_inputs(rng, dtype, 1, 4, 4, sq, 131, d, dv)
+    out = run(q, k, v, is_causal=is_causal)
+    assert_within_2x_torch(out, q, k, v, is_causal=is_causal, what=f"decode Sq={sq} D={d} Dv={dv} causal={is_causal}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("sq", [1, 3])
+def test_decode_rows_key_lengths_softcap_and_empty_rows(run, dtype, sq):
+    rng = np.random.default_rng()
+    q, k, v = random_inputs(rng, dtype, 3, 2, 2, sq, 200, 40, 72)
+    lengths = np.array([200, 0, 67], dtype=np.int64)  # full, none (zeros), partial over a tile edge
+    mask = rng.random((3, 2, sq, 200)) < 0.8
+    mask[0, 1] = False  # every key of (batch 0, head 1) masked: zeros, never NaN
+    out = run(q, k, v, attn_mask=mask, key_lengths=lengths, is_causal=2, softcap=6.0, scale=0.3)
+    assert_within_2x_torch(out, q, k, v, attn_mask=mask, key_lengths=lengths, is_causal=2, softcap=6.0, scale=0.3,
+                           what=f"decode key_lengths Sq={sq}")
+    out64 = out.astype(np.float64)
+    assert not np.any(np.isnan(out64))
+    assert np.all(out64[1] == 0.0) and np.all(out64[0, 1] == 0.0)
+
+
 def test_every_feature_at_once(run):
     rng = np.random.default_rng()
     for dtype, (sq, sk, d, dv) in itertools.product(DTYPES, [(1, 97, 40, 72), (97, 97, 128, 64)]):

@@ -13,6 +13,8 @@
 // vertical vector arithmetic with no horizontal reductions.
 // Scores are kept in log2 units (scale * log2(e) * Q.K^T, masks times log2(e)) so that the
 // softmax needs 2^x, the cheapest exponential; softmax is invariant to that change of base.
+// Items of at most half a vector of rows (MHA decoding) take a row formulation instead, with
+// vectors along D and Dv (run_item_rows below).
 #pragma once
 
 #include <cstddef>
@@ -484,6 +486,263 @@ static inline int64_t balanced_block(int64_t k, int64_t n) { return (k % 2 == 0)
 
 constexpr int64_t kMaxLaneBlocks = 64;  // block_q / kLB; make_tiling keeps block_q <= 4 * 64
 
+// ---------------------------------------------------------------------------------------------
+// Row formulation, for items with few rows (MHA decoding: Sq = 1 and Hq = Hkv gives one row per
+// item, which would fill 1 lane of a vector in the transposed layout above). Here the vectors
+// run along D and Dv instead: per row, s_j = q . K[j] is a dot product over d (several keys at
+// once, independent accumulators, one horizontal sum per key), then O += p_j V[j, :] with p_j
+// broadcast. Scale, log2 units, softcap, masks, causal / key_lengths, empty rows and the
+// half / bfloat16 tile conversion are the same as in the lane path.
+
+constexpr int kRowKeys = 4;          // keys per dot-product block
+constexpr int kRowPvVecs = 8;        // value vectors (8 x kW columns) accumulated per pass over a tile
+constexpr int64_t kRowPad = kW;      // score buffer slack so the tile's vector loops need no tail
+
+// Row path for items of at most half a vector of rows. Each row costs the row path its own pass
+// over the K / V tile, while the lane path's cost does not grow until the lanes are full.
+// Measured (AVX2, B=1, H=12, D=64, 2 threads; docs/notes/cpu_kernel.md, version 10): at Sk=1024
+// the row path is 2-2.5x faster at 1 row, about equal at 4, slower from 6; at Sk=4096 faster up
+// to 6 rows.
+static inline bool use_row_path(int64_t rows) { return rows * 2 <= kW; }
+
+// out[r] = scale * (q . k[r]) for R keys at stride kst. Blocked like qk_block: each chunk of
+// kDChunk elements of d starts from zero (kDChunk / kW products per lane) and is then added to
+// the running per-lane total; the lanes are summed in a tree at the end.
+template <int R>
+static inline void row_dots(const float* k, int64_t kst, const float* q, int64_t d_len, float scale, float* out) {
+  constexpr int kCV = static_cast<int>(kDChunk) / kW;  // vectors per chunk
+  Vec tot[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) tot[r] = vzero();
+  int64_t d0 = 0;
+  for (; d0 + kDChunk <= d_len; d0 += kDChunk) {
+    Vec qv[kCV];
+#pragma GCC unroll 16
+    for (int i = 0; i < kCV; ++i) qv[i] = vload(q + d0 + i * kW);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float* kr = k + r * kst + d0;
+      Vec cvec = vmul(vload(kr), qv[0]);
+#pragma GCC unroll 16
+      for (int i = 1; i < kCV; ++i) cvec = vfma(vload(kr + i * kW), qv[i], cvec);
+      tot[r] = vadd(tot[r], cvec);
+    }
+  }
+  float tail[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) tail[r] = 0.0f;
+  if (d0 < d_len) {
+    // The last, partial chunk: whole vectors, then single elements.
+    Vec cvec[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) cvec[r] = vzero();
+    int64_t d = d0;
+    for (; d + kW <= d_len; d += kW) {
+      const Vec qv = vload(q + d);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) cvec[r] = vfma(vload(k + r * kst + d), qv, cvec[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) tot[r] = vadd(tot[r], cvec[r]);
+    for (; d < d_len; ++d)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) tail[r] += k[r * kst + d] * q[d];
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) out[r] = (vhsum(tot[r]) + tail[r]) * scale;
+}
+
+// o[0 .. NVC*kW) = o * alpha + sum_j p[j] v[j][0 .. NVC*kW); the tile's sum starts from zero
+// (blocked summation, as pv_block).
+template <int NVC>
+static inline void row_pv_block(const float* v, int64_t vst, const float* p, int64_t nk, float* o, Vec alpha) {
+  Vec acc[NVC];
+#pragma GCC unroll 16
+  for (int i = 0; i < NVC; ++i) acc[i] = vzero();
+  for (int64_t j = 0; j < nk; ++j) {
+    const Vec pb = vset1(p[j]);
+    const float* vj = v + j * vst;
+#pragma GCC unroll 16
+    for (int i = 0; i < NVC; ++i) acc[i] = vfma(vload(vj + i * kW), pb, acc[i]);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < NVC; ++i) vstore(o + i * kW, vfma(vload(o + i * kW), alpha, acc[i]));
+}
+
+template <int NVC>
+static inline void row_pv_tail(int nvc, const float* v, int64_t vst, const float* p, int64_t nk, float* o,
+                               Vec alpha) {
+  if constexpr (NVC > 0) {
+    if (nvc == NVC) {
+      row_pv_block<NVC>(v, vst, p, nk, o, alpha);
+    } else {
+      row_pv_tail<NVC - 1>(nvc, v, vst, p, nk, o, alpha);
+    }
+  }
+}
+
+// One key tile for one row: scores of keys [c.t0, c.t0 + nk) into sc, softmax update of (m, l),
+// o = o * alpha + P V.
+static void row_tile(const ItemCtx& c, int64_t head, int64_t pos, const float* q, const float* kp, int64_t kst,
+                     const float* vp, int64_t vst, int64_t nk, float* sc, float* m, float* l, float* o) {
+  const AttentionParams& p = *c.p;
+  const int64_t d_len = p.head_dim;
+  const int64_t dv_len = p.head_dim_v;
+  {
+    int64_t j = 0;
+    for (; j + kRowKeys <= nk; j += kRowKeys) row_dots<kRowKeys>(kp + j * kst, kst, q, d_len, c.qk_scale, sc + j);
+    for (; j < nk; ++j) row_dots<1>(kp + j * kst, kst, q, d_len, c.qk_scale, sc + j);
+  }
+  const int64_t n_pad = ceil_div(nk, kW) * kW;
+  for (int64_t j = nk; j < n_pad; ++j) sc[j] = 0.0f;
+
+  if (p.softcap > 0.0f) {
+    const Vec cap = vset1(p.softcap);
+    const Vec cap_log2e = vset1(static_cast<float>(p.softcap * kLog2e));
+    for (int64_t j = 0; j < n_pad; j += kW) vstore(sc + j, vmul(cap_log2e, vtanh(vdiv(vload(sc + j), cap))));
+  }
+  if (p.mask_kind != MaskKind::kNone) {
+    const int64_t* ms = p.mask_stride;
+    const int64_t base = c.b * ms[0] + head * ms[1] + pos * ms[2] + c.t0 * ms[3];
+    if (p.mask_kind == MaskKind::kBool) {
+      const uint8_t* mk = static_cast<const uint8_t*>(p.mask) + base;
+      for (int64_t j = 0; j < nk; ++j) sc[j] = mk[j * ms[3]] != 0 ? sc[j] : kNegInf;
+    } else if (p.dtype == DType::kFloat32) {
+      const float* mk = static_cast<const float*>(p.mask) + base;
+      for (int64_t j = 0; j < nk; ++j) sc[j] += to_log2_units(mk[j * ms[3]]);
+    } else {
+      for (int64_t j = 0; j < nk; ++j) sc[j] += to_log2_units(load_elem(p.mask, base + j * ms[3], p.dtype));
+    }
+  }
+  for (int64_t j = nk; j < n_pad; ++j) sc[j] = kNegInf;
+
+  // Online softmax for the one row: vectors along the keys, two max / sum chains.
+  Vec mx0 = vset1(*m), mx1 = mx0;
+  {
+    int64_t j = 0;
+    for (; j + 2 * kW <= n_pad; j += 2 * kW) {
+      mx0 = vmax(mx0, vload(sc + j));
+      mx1 = vmax(mx1, vload(sc + j + kW));
+    }
+    if (j < n_pad) mx0 = vmax(mx0, vload(sc + j));
+  }
+  float lanes[kW];
+  vstore(lanes, vmax(mx0, mx1));
+  float mx = lanes[0];
+  for (int x = 1; x < kW; ++x) mx = lanes[x] > mx ? lanes[x] : mx;
+  // A row with every key so far masked keeps mx = -inf; subtracting 0 then gives p = 0.
+  const Vec m_use = vneginf_to_zero(vset1(mx));
+  const Vec alpha = vexp2_nonpos(vsub(vset1(*m), m_use));
+  *m = mx;
+  Vec sum0 = vzero(), sum1 = vzero();
+  {
+    int64_t j = 0;
+    for (; j + 2 * kW <= n_pad; j += 2 * kW) {
+      const Vec p0 = vexp2_nonpos(vsub(vload(sc + j), m_use));
+      const Vec p1 = vexp2_nonpos(vsub(vload(sc + j + kW), m_use));
+      vstore(sc + j, p0);
+      vstore(sc + j + kW, p1);
+      sum0 = vadd(sum0, p0);
+      sum1 = vadd(sum1, p1);
+    }
+    if (j < n_pad) {
+      const Vec p0 = vexp2_nonpos(vsub(vload(sc + j), m_use));
+      vstore(sc + j, p0);
+      sum0 = vadd(sum0, p0);
+    }
+  }
+  vstore(lanes, alpha);
+  *l = *l * lanes[0] + vhsum(vadd(sum0, sum1));
+
+  // O = O * alpha + P V, kRowPvVecs vectors of columns per pass, then the columns past the last
+  // whole vector one by one.
+  int64_t d = 0;
+  for (; d + kRowPvVecs * kW <= dv_len; d += kRowPvVecs * kW) row_pv_block<kRowPvVecs>(vp + d, vst, sc, nk, o + d, alpha);
+  if (d + kW <= dv_len) {
+    const int nvc = static_cast<int>((dv_len - d) / kW);
+    row_pv_tail<kRowPvVecs - 1>(nvc, vp + d, vst, sc, nk, o + d, alpha);
+    d += nvc * kW;
+  }
+  for (; d < dv_len; ++d) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < nk; ++j) acc += sc[j] * vp[j * vst + d];
+    o[d] = o[d] * lanes[0] + acc;
+  }
+}
+
+// The whole item in the row formulation: rows r0 .. r0 + rn of the item's kv head.
+// Kept out of line so that run_item's lane path compiles as it did before this path existed.
+__attribute__((noinline)) static void run_item_rows(ItemCtx& c, const Scratch& s, int64_t r0, int64_t rn) {
+  const AttentionParams& p = *c.p;
+  const int64_t d_len = p.head_dim;
+  const int64_t dv_len = p.head_dim_v;
+  const int64_t sc_stride = c.block_k + kRowPad;
+  // Scratch: q rows in qT, O rows in oT, scores in sT, (m, l) in m / l.
+  int64_t row_end_[kLB];
+  int64_t kv_end = 0;
+  for (int64_t x = 0; x < rn; ++x) {
+    const int64_t r = r0 + x;
+    row_end_[x] = row_end(c, row_pos(c, r));
+    kv_end = imax(kv_end, row_end_[x]);
+    const int64_t row = c.b * p.q_stride[0] + row_head(c, r) * p.q_stride[1] + row_pos(c, r) * p.q_stride[2];
+    float* q = s.qT + x * d_len;
+    if (p.dtype == DType::kFloat32) {
+      std::memcpy(q, static_cast<const float*>(p.q) + row, sizeof(float) * static_cast<size_t>(d_len));
+    } else {
+      for (int64_t d = 0; d < d_len; ++d) q[d] = load_elem(p.q, row + d, p.dtype);
+    }
+    s.m[x] = kNegInf;
+    s.l[x] = 0.0f;
+  }
+  std::memset(s.oT, 0, sizeof(float) * static_cast<size_t>(rn * dv_len));
+
+  const int64_t k_off = c.b * p.k_stride[0] + c.hk * p.k_stride[1];
+  const int64_t v_off = c.b * p.v_stride[0] + c.hk * p.v_stride[1];
+  for (int64_t t0 = 0; t0 < kv_end; t0 += c.block_k) {
+    const int64_t nk = imin(c.block_k, kv_end - t0);
+    c.t0 = t0;
+    const float* kp;
+    const float* vp;
+    int64_t kst, vst;
+    if (p.dtype == DType::kFloat32) {
+      kp = static_cast<const float*>(p.k) + k_off + t0 * p.k_stride[2];
+      vp = static_cast<const float*>(p.v) + v_off + t0 * p.v_stride[2];
+      kst = p.k_stride[2];
+      vst = p.v_stride[2];
+    } else {
+      convert_rows(static_cast<const uint16_t*>(p.k) + k_off + t0 * p.k_stride[2], p.k_stride[2], nk, d_len,
+                   p.dtype, s.kt);
+      convert_rows(static_cast<const uint16_t*>(p.v) + v_off + t0 * p.v_stride[2], p.v_stride[2], nk, dv_len,
+                   p.dtype, s.vt);
+      kp = s.kt;
+      vp = s.vt;
+      kst = d_len;
+      vst = dv_len;
+    }
+    for (int64_t x = 0; x < rn; ++x) {
+      const int64_t nb = imin(nk, row_end_[x] - t0);
+      if (nb <= 0) continue;
+      const int64_t r = r0 + x;
+      row_tile(c, row_head(c, r), row_pos(c, r), s.qT + x * d_len, kp, kst, vp, vst, nb, s.sT + x * sc_stride,
+               s.m + x, s.l + x, s.oT + x * dv_len);
+    }
+  }
+
+  for (int64_t x = 0; x < rn; ++x) {
+    const int64_t r = r0 + x;
+    const int64_t row = c.b * p.y_stride[0] + row_head(c, r) * p.y_stride[1] + row_pos(c, r) * p.y_stride[2];
+    const float* o = s.oT + x * dv_len;
+    const bool empty = !(s.l[x] > 0.0f);
+    const float lsum = empty ? 1.0f : s.l[x];
+    if (p.dtype == DType::kFloat32) {
+      float* y = static_cast<float*>(p.y) + row;
+      for (int64_t d = 0; d < dv_len; ++d) y[d] = empty ? 0.0f : o[d] / lsum;
+    } else {
+      for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, empty ? 0.0f : o[d] / lsum);
+    }
+  }
+}
+
 static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, float* scratch_base) {
   Scratch s;
   scratch_layout(p, t, scratch_base, &s);
@@ -511,6 +770,10 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
   const int64_t qb = p.is_causal != 0 ? balanced_block(qb_raw, t.n_qblocks) : qb_raw;
   const int64_t r0 = qb * t.block_q;
   const int64_t rn = imin(t.block_q, c.group * p.seq_q - r0);
+  if (use_row_path(rn)) {
+    run_item_rows(c, s, r0, rn);
+    return;
+  }
   const int64_t n_lb = imin(ceil_div(rn, kLB), kMaxLaneBlocks);
 
   // Per lane block: the fewest and the most keys any of its rows may attend.

@@ -56,6 +56,15 @@ static inline Vec vneginf_to_zero(Vec x) {
   __mmask16 m = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
   return {_mm512_mask_mov_ps(x.v, m, _mm512_setzero_ps())};
 }
+// Sum of the lanes (pairwise tree).
+static inline float vhsum(Vec a) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a.v),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1)));
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+  return _mm_cvtss_f32(x);
+}
 static inline Vec vload_f16(const uint16_t* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
@@ -93,6 +102,13 @@ static inline Vec vpow2_bits(Vec y) {
 static inline Vec vneginf_to_zero(Vec x) {
   __m256 m = _mm256_cmp_ps(x.v, _mm256_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
   return {_mm256_andnot_ps(m, x.v)};
+}
+// Sum of the lanes (pairwise tree).
+static inline float vhsum(Vec a) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+  return _mm_cvtss_f32(x);
 }
 static inline Vec vload_f16(const uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
@@ -133,6 +149,12 @@ static inline Vec vneginf_to_zero(Vec x) {
   __m128 m = _mm_cmpeq_ps(x.v, _mm_set1_ps(-__builtin_inff()));
   return {_mm_andnot_ps(m, x.v)};
 }
+// Sum of the lanes (pairwise tree).
+static inline float vhsum(Vec a) {
+  __m128 x = _mm_add_ps(a.v, _mm_movehl_ps(a.v, a.v));
+  x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+  return _mm_cvtss_f32(x);
+}
 
 #else
 
@@ -166,6 +188,7 @@ static inline Vec vpow2_bits(Vec y) {
   return {f};
 }
 static inline Vec vneginf_to_zero(Vec x) { return {x.v == -__builtin_inff() ? 0.0f : x.v}; }
+static inline float vhsum(Vec a) { return a.v; }
 
 #endif
 
