@@ -27,6 +27,7 @@
 #pragma once
 
 #include "kernel_common.cuh"
+#include "mma_sync.cuh"
 
 namespace opsfuse::cuda::detail {
 namespace dec {
@@ -42,10 +43,6 @@ static_assert(kBM == kTcDecodeTile.block_m && kBN == kTcDecodeTile.block_n && kW
 // Shared memory of one block: Q (kBM rows) + `stages` x (K and V tiles of kBN rows), pitch kD + 8.
 __host__ __device__ constexpr int smem_bytes(int d_bucket, int stages) { return decode_smem_bytes(d_bucket, stages); }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16-byte async copy global -> shared; bytes beyond `src_bytes` (0..16) are zero-filled.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
   // L2::256B: the rows of a tile are 256-byte runs of one 16 KB block, so let L2 fetch whole 256-byte
@@ -53,7 +50,6 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(src_bytes));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `pending` (0..kMaxStages-2) of this thread's groups are still in flight.
 __device__ __forceinline__ void cp_async_wait(int pending) {
   if (pending >= 2)
@@ -64,17 +60,6 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 static_assert(kMaxStages - 2 <= 2, "cp_async_wait covers at most 2 pending groups");
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
 
 // Thread-block cluster (sm_90): the rank of this block, a cluster-wide barrier (release / acquire:
 // shared-memory writes before it are visible to every block of the cluster after it), and a float
@@ -126,33 +111,6 @@ __device__ __forceinline__ float ld_cluster_f32(const float* p, uint32_t rank) {
   return x;
 }
 #endif
-
-// c (16x8 f32) += a (16x16, row) * b (16x8, col)
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float x0, float x1) {
-  T tmp[2] = {from_float<T>(x0), from_float<T>(x1)};
-  return *reinterpret_cast<const uint32_t*>(tmp);
-}
 
 // Copies kRows rows of kD 16-bit elements to shared memory (pitch kD + 8). Row r comes from
 // base + (n0 + r) * stride when n0 + r < n_end, else it is zero-filled; columns >= ncols are
@@ -538,15 +496,8 @@ cudaError_t prepare_kernel(int stages) {
   auto kernel = flash_decode_kernel<T, kD>;
   cudaError_t err = ensure_smem(kernel, smem_bytes(kD, stages), smem_done[stages]);
   if (err != cudaSuccess) return err;
-  int dev = 0;
-  err = cudaGetDevice(&dev);
+  err = ensure_max_shared_carveout(kernel, carveout_done);
   if (err != cudaSuccess) return err;
-  if (dev >= 64 || !__atomic_load_n(&carveout_done[dev], __ATOMIC_ACQUIRE)) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               static_cast<int>(cudaSharedmemCarveoutMaxShared));
-    if (err != cudaSuccess) return err;
-    if (dev < 64) __atomic_store_n(&carveout_done[dev], 1, __ATOMIC_RELEASE);
-  }
   return cudaSuccess;
 }
 

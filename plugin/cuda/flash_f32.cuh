@@ -39,13 +39,9 @@ struct F32Layout {
   static_assert(kSmemBytes == f32_smem_bytes(kD, kBM, kBN), "keep f32_smem_bytes in step");
 };
 
-__device__ __forceinline__ uint32_t f32_smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16-byte cp.async; bytes beyond src_bytes (0..16) are zero-filled.
 __device__ __forceinline__ void f32_cp_async16(float* dst, const float* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(f32_smem_addr(dst)), "l"(src),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(src_bytes)
                : "memory");
 }
@@ -322,15 +318,8 @@ cudaError_t launch_flash_f32(const KernelArgs& a, const Plan& plan, cudaStream_t
   auto kernel = flash_f32_kernel<kD, kBM, kBN, kWarps>;
   cudaError_t err = ensure_smem(kernel, kSmem, smem_done);
   if (err != cudaSuccess) return err;
-  int dev = 0;
-  err = cudaGetDevice(&dev);
+  err = ensure_max_shared_carveout(kernel, carveout_done);
   if (err != cudaSuccess) return err;
-  if (dev >= 64 || !__atomic_load_n(&carveout_done[dev], __ATOMIC_ACQUIRE)) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               static_cast<int>(cudaSharedmemCarveoutMaxShared));
-    if (err != cudaSuccess) return err;
-    if (dev < 64) __atomic_store_n(&carveout_done[dev], 1, __ATOMIC_RELEASE);
-  }
   const dim3 grid(static_cast<unsigned>(plan.row_tiles) * a.batch * a.heads_kv, 1, plan.num_splits);
   kernel<<<grid, 32 * kWarps, kSmem, stream>>>(a);
   return cudaGetLastError();

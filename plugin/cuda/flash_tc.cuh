@@ -13,20 +13,17 @@
 #pragma once
 
 #include "kernel_common.cuh"
+#include "mma_sync.cuh"
 
 namespace opsfuse::cuda::detail {
 
 // --- PTX wrappers -------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // 16-byte async copy global -> shared; bytes beyond `src_bytes` (0..16) are zero-filled.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(src_bytes));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // 2^x on the special function unit, denormal results flushed to 0; ex2(-inf) = +0 (masked keys).
@@ -34,44 +31,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// c (16x8 f32) += a (16x16, row) * b (16x8, col)
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float x0, float x1) {
-  T tmp[2] = {from_float<T>(x0), from_float<T>(x1)};
-  return *reinterpret_cast<const uint32_t*>(tmp);
 }
 
 // Copies kRows rows of kD 16-bit elements into shared memory (row pitch kPitch elements).
@@ -427,15 +386,8 @@ cudaError_t launch_flash_tc(const KernelArgs& a, const Plan& plan, cudaStream_t 
   auto kernel = flash_tc_kernel<T, kD, kBM, kBN, kWarps, kMinBlocks>;
   cudaError_t err = ensure_smem(kernel, smem, smem_done);
   if (err != cudaSuccess) return err;
-  int dev = 0;
-  err = cudaGetDevice(&dev);
+  err = ensure_max_shared_carveout(kernel, carveout_done);
   if (err != cudaSuccess) return err;
-  if (dev >= 64 || !__atomic_load_n(&carveout_done[dev], __ATOMIC_ACQUIRE)) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               static_cast<int>(cudaSharedmemCarveoutMaxShared));
-    if (err != cudaSuccess) return err;
-    if (dev < 64) __atomic_store_n(&carveout_done[dev], 1, __ATOMIC_RELEASE);
-  }
   const dim3 grid(static_cast<unsigned>(plan.row_tiles) * a.batch * a.heads_kv, 1, plan.num_splits);
   kernel<<<grid, kWarps * 32, smem, stream>>>(a, stages);
   return cudaGetLastError();

@@ -135,6 +135,11 @@ __device__ __forceinline__ float* split_o_row(const KernelArgs& a, int64_t grow)
   return a.part_o + (static_cast<int64_t>(blockIdx.z) * total + grow) * a.head_dim_v;
 }
 
+// The shared-memory address of a generic pointer to shared memory (PTX operands).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // Sets the dynamic shared memory limit of `kernel` once per device (it is per device).
 template <typename Kernel>
 cudaError_t ensure_smem(Kernel kernel, int bytes, int* done_mask_per_device) {
@@ -150,6 +155,20 @@ cudaError_t ensure_smem(Kernel kernel, int bytes, int* done_mask_per_device) {
     return err;
   }
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// Asks, once per device, for all of L1 as shared memory: the kernels load their tiles with
+// cp.async.cg, which bypasses L1, and choose_plan() counts resident blocks with that carveout.
+template <typename Kernel>
+cudaError_t ensure_max_shared_carveout(Kernel kernel, int* done_per_device) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64 && __atomic_load_n(&done_per_device[dev], __ATOMIC_ACQUIRE)) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             static_cast<int>(cudaSharedmemCarveoutMaxShared));
+  if (err == cudaSuccess && dev < 64) __atomic_store_n(&done_per_device[dev], 1, __ATOMIC_RELEASE);
+  return err;
 }
 
 }  // namespace opsfuse::cuda::detail
