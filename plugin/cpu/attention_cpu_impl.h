@@ -274,6 +274,27 @@ static size_t scratch_bytes(const AttentionParams& p, const Tiling& t) { return 
 // row r -> head hk * group + r / Sq, position r % Sq. For Sq >= a block the rows of a block
 // belong to one head, as in plain (batch, head, query block) items; for decoding (Sq = 1) the
 // group's heads fill the vector lanes and K / V are read once per kv head instead of per head.
+// The K and V rows of the key tile [t0, t0 + nk) of one (batch, kv head) (k_off / v_off): float32
+// is read in place with the tensors' row strides, float16 / bfloat16 are converted into the
+// scratch tiles (rows of d_len / dv_len floats).
+struct KvTile {
+  const float* k;
+  const float* v;
+  int64_t k_stride, v_stride;
+};
+static inline KvTile kv_tile(const AttentionParams& p, const Scratch& s, int64_t k_off, int64_t v_off, int64_t t0,
+                             int64_t nk, int64_t d_len, int64_t dv_len) {
+  if (p.dtype == DType::kFloat32) {
+    return {static_cast<const float*>(p.k) + k_off + t0 * p.k_stride[2],
+            static_cast<const float*>(p.v) + v_off + t0 * p.v_stride[2], p.k_stride[2], p.v_stride[2]};
+  }
+  convert_rows(static_cast<const uint16_t*>(p.k) + k_off + t0 * p.k_stride[2], p.k_stride[2], nk, d_len, p.dtype,
+               s.kt);
+  convert_rows(static_cast<const uint16_t*>(p.v) + v_off + t0 * p.v_stride[2], p.v_stride[2], nk, dv_len, p.dtype,
+               s.vt);
+  return {s.kt, s.vt, d_len, dv_len};
+}
+
 struct ItemCtx {
   const AttentionParams* p;
   int64_t b, hk, group;
@@ -701,24 +722,11 @@ __attribute__((noinline)) static void run_item_rows(ItemCtx& c, const Scratch& s
   for (int64_t t0 = 0; t0 < kv_end; t0 += c.block_k) {
     const int64_t nk = imin(c.block_k, kv_end - t0);
     c.t0 = t0;
-    const float* kp;
-    const float* vp;
-    int64_t kst, vst;
-    if (p.dtype == DType::kFloat32) {
-      kp = static_cast<const float*>(p.k) + k_off + t0 * p.k_stride[2];
-      vp = static_cast<const float*>(p.v) + v_off + t0 * p.v_stride[2];
-      kst = p.k_stride[2];
-      vst = p.v_stride[2];
-    } else {
-      convert_rows(static_cast<const uint16_t*>(p.k) + k_off + t0 * p.k_stride[2], p.k_stride[2], nk, d_len,
-                   p.dtype, s.kt);
-      convert_rows(static_cast<const uint16_t*>(p.v) + v_off + t0 * p.v_stride[2], p.v_stride[2], nk, dv_len,
-                   p.dtype, s.vt);
-      kp = s.kt;
-      vp = s.vt;
-      kst = d_len;
-      vst = dv_len;
-    }
+    const KvTile kv = kv_tile(p, s, k_off, v_off, t0, nk, d_len, dv_len);
+    const float* kp = kv.k;
+    const float* vp = kv.v;
+    const int64_t kst = kv.k_stride;
+    const int64_t vst = kv.v_stride;
     for (int64_t x = 0; x < rn; ++x) {
       const int64_t nb = imin(nk, row_end_[x] - t0);
       if (nb <= 0) continue;
@@ -821,24 +829,11 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
   for (int64_t t0 = 0; t0 < kv_end; t0 += t.block_k) {
     const int64_t nk = imin(t.block_k, kv_end - t0);
     c.t0 = t0;
-    const float* kp;
-    const float* vp;
-    int64_t kst, vst;
-    if (p.dtype == DType::kFloat32) {
-      kp = static_cast<const float*>(p.k) + k_off + t0 * p.k_stride[2];
-      vp = static_cast<const float*>(p.v) + v_off + t0 * p.v_stride[2];
-      kst = p.k_stride[2];
-      vst = p.v_stride[2];
-    } else {
-      convert_rows(static_cast<const uint16_t*>(p.k) + k_off + t0 * p.k_stride[2], p.k_stride[2], nk, d_len,
-                   p.dtype, s.kt);
-      convert_rows(static_cast<const uint16_t*>(p.v) + v_off + t0 * p.v_stride[2], p.v_stride[2], nk, dv_len,
-                   p.dtype, s.vt);
-      kp = s.kt;
-      vp = s.vt;
-      kst = d_len;
-      vst = dv_len;
-    }
+    const KvTile kv = kv_tile(p, s, k_off, v_off, t0, nk, d_len, dv_len);
+    const float* kp = kv.k;
+    const float* vp = kv.v;
+    const int64_t kst = kv.k_stride;
+    const int64_t vst = kv.v_stride;
     // float32 K/V are read in place: prefetch the next tile, spread over the lane blocks
     // (+2-4% in a streaming micro-benchmark of the Q.K / P.V blocks).
     const int64_t next_rows = p.dtype == DType::kFloat32 ? imin(t.block_k, kv_end - t0 - nk) : 0;
