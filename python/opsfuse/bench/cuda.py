@@ -17,6 +17,7 @@ Results: cuda_bench.json, cuda_bench.png and cuda_bench.md in --out.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -293,31 +294,39 @@ def _kernel_points(torch, cuda_mod, rows, base, sets, ref, causal, gqa, repeat):
             _point(rows, **base, impl=f"SDPA {name}", mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
     if best is not None:
         _point(rows, **dict(best, impl="SDPA best", backend=best["impl"]))
-    variants = [("opsfuse binding", None)]
+    impls = ["opsfuse binding"]
     if _hopper_device(torch) and base["dtype"] in ("float16", "bfloat16"):
         # The launcher picks the Hopper kernel here where it covers the case; this row measures the
         # portable (sm_80) tensor-core kernel on the same inputs, in the same run.
-        variants.append(("opsfuse binding (sm80 kernel)", "1"))
-    for impl, disable_hopper in variants:
-        saved = os.environ.get(_DISABLE_HOPPER)
-        if disable_hopper is not None:
-            os.environ[_DISABLE_HOPPER] = disable_hopper
+        impls.append(_SM80_IMPL)
+    for impl in impls:
         try:
-            us, y = _time_opsfuse(torch, cuda_mod, sets, causal, repeat)
+            with _kernels_of(impl):
+                us, y = _time_opsfuse(torch, cuda_mod, sets, causal, repeat)
             _point(rows, **base, impl=impl, mode="kernel", us=us, tflops=fl / us / 1e6, tbps=by / us / 1e6,
                    rel_err=_rel_err(torch, y, ref) if ref is not None else None)
         except Exception as exc:  # noqa: BLE001
             _point(rows, **base, impl=impl, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
-        finally:
-            if saved is None:
-                os.environ.pop(_DISABLE_HOPPER, None)
-            else:
-                os.environ[_DISABLE_HOPPER] = saved
 
 
-# The launcher reads this at every launch (plugin/cuda/attention_cuda.cu): "1" keeps it off the
-# Hopper kernel.
-_DISABLE_HOPPER = "OPSFUSE_CUDA_DISABLE_HOPPER"
+_SM80_IMPL = "opsfuse binding (sm80 kernel)"
+
+
+@contextlib.contextmanager
+def _kernels_of(impl):
+    """For the sm80 row, OPSFUSE_CUDA_DISABLE_HOPPER=1 (the launcher reads it at every launch, see
+    plugin/cuda/attention_cuda.cu); the variable is restored afterwards."""
+    name = "OPSFUSE_CUDA_DISABLE_HOPPER"
+    saved = os.environ.get(name)
+    if impl == _SM80_IMPL:
+        os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 def _hopper_device(torch):
@@ -358,17 +367,9 @@ def _kernel_points_sliced(torch, cuda_mod, rows, base, sets, causal, gqa, repeat
             if row.get("us") is None or row["impl"] == "SDPA best":
                 continue
             if row["impl"].startswith("opsfuse binding"):
-                saved = os.environ.get(_DISABLE_HOPPER)
-                if row["impl"].endswith("(sm80 kernel)"):
-                    os.environ[_DISABLE_HOPPER] = "1"
-                try:
+                with _kernels_of(row["impl"]):
                     y = cuda_mod.fused_attention(q[:1, : 2 * g].contiguous(), k[:1, :2].contiguous(),
                                                  v[:1, :2].contiguous(), is_causal=1 if causal else 0)
-                finally:
-                    if saved is None:
-                        os.environ.pop(_DISABLE_HOPPER, None)
-                    else:
-                        os.environ[_DISABLE_HOPPER] = saved
                 row["rel_err"] = _rel_err(torch, y, ref)
                 print(f"        {row['impl']} rel_err {row['rel_err']:.2e}")
 
@@ -484,7 +485,7 @@ def _summaries(rows):
         for group, mine, peers in (
             ("via ORT", "opsfuse via ORT", ("ORT unfused graph", "ORT MultiHeadAttention", "ORT Attention-23")),
             ("kernel", "opsfuse binding", sdpa),
-            ("kernel, sm80 kernel", "opsfuse binding (sm80 kernel)", sdpa),
+            ("kernel, sm80 kernel", _SM80_IMPL, sdpa),
         ):
             m = [r for r in rs if r["impl"] == mine]
             p = [r for r in rs if r["impl"] in peers]
