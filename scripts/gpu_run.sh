@@ -17,6 +17,7 @@
 #   PYTEST_ARGS extra pytest arguments (e.g. "-k binding"); PYTEST_WORKERS xdist workers (8)
 #   PYTEST_PATHS what pytest collects (default tests/)
 #   BENCH_GRIDS a subset of seed,prefill,decode
+#   CHECK_TIMEOUT seconds the check driver may run before it counts as hung (300)
 set -u -o pipefail
 
 if [ $# -lt 1 ]; then
@@ -130,7 +131,8 @@ if want build; then
 fi
 export OPSFUSE_CUDA_CHECK_BIN="$BUILD_DIR/plugin/cuda/attention_cuda_check"
 if want test; then
-  stage check "$OPSFUSE_CUDA_CHECK_BIN"
+  # A kernel that deadlocks must cost minutes, not the whole device call.
+  stage check timeout "${CHECK_TIMEOUT:-300}" "$OPSFUSE_CUDA_CHECK_BIN"
   local_workers=""
   $PY -c 'import xdist' 2>/dev/null && local_workers="-n ${PYTEST_WORKERS:-8}"
   export OPSFUSE_GPU_LOGS="$LOGS"
