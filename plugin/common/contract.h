@@ -16,19 +16,25 @@ inline constexpr const char* kTrtPluginVersion = "1";
 inline constexpr const char* kTrtPluginNamespace = "com.opsfuse";
 
 // Inputs, in node order. Optional ones may be absent (trailing) or the empty name.
-inline constexpr int kInputQ = 0;           // (B, Hq, Sq, D)
-inline constexpr int kInputK = 1;           // (B, Hkv, Sk, D)
-inline constexpr int kInputV = 2;           // (B, Hkv, Sk, Dv)
+// Q, K, V and Y come in one of two forms, all four alike (docs/notes/contract_3d_form.md):
+// 4-D (B, H, S, D), or 3-D (B, S, H*D) with the head counts given by q_num_heads / kv_num_heads.
+inline constexpr int kInputQ = 0;           // (B, Hq, Sq, D)   or (B, Sq, Hq*D)
+inline constexpr int kInputK = 1;           // (B, Hkv, Sk, D)  or (B, Sk, Hkv*D)
+inline constexpr int kInputV = 2;           // (B, Hkv, Sk, Dv) or (B, Sk, Hkv*Dv)
 inline constexpr int kInputMask = 3;        // broadcastable to (B, Hq, Sq, Sk); bool or T
 inline constexpr int kInputKeyLengths = 4;  // (B,); int32 or int64
 inline constexpr int kNumRequiredInputs = 3;
 inline constexpr int kNumInputs = 5;
-inline constexpr int kOutputY = 0;  // (B, Hq, Sq, Dv)
+inline constexpr int kOutputY = 0;  // (B, Hq, Sq, Dv) or (B, Sq, Hq*Dv), the form of Q
 
 // Attributes.
 inline constexpr const char* kAttrScale = "scale";          // float; default 1/sqrt(D)
 inline constexpr const char* kAttrIsCausal = "is_causal";   // int; 0, 1 or 2
 inline constexpr const char* kAttrSoftcap = "softcap";      // float; 0 disables
+// Head counts: required with the 3-D form; with the 4-D form allowed only equal to Hq / Hkv.
+inline constexpr const char* kAttrQNumHeads = "q_num_heads";    // int; 0 = absent
+inline constexpr const char* kAttrKvNumHeads = "kv_num_heads";  // int; 0 = absent
+inline constexpr int kDefaultNumHeads = 0;
 inline constexpr float kDefaultSoftcap = 0.0f;
 inline constexpr int kDefaultIsCausal = 0;
 
@@ -42,6 +48,7 @@ inline constexpr int kCausalMax = 2;
 inline constexpr int64_t kMaxHeadDim = 256;  // D and Dv
 inline constexpr int kMinMaskRank = 2;
 inline constexpr int kMaxMaskRank = 4;
-inline constexpr int kTensorRank = 4;  // Q, K, V, Y
+inline constexpr int kTensorRank = 4;        // Q, K, V, Y in the 4-D form
+inline constexpr int kPackedTensorRank = 3;  // Q, K, V, Y in the 3-D form
 
 }  // namespace opsfuse::contract

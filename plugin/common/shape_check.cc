@@ -28,10 +28,37 @@ DType to_dtype(ElemType t) {
   }
 }
 
-void dense_strides(const std::vector<int64_t>& s, int64_t out[3]) {
-  out[2] = s[3];
-  out[1] = s[2] * s[3];
-  out[0] = s[1] * s[2] * s[3];
+// Element strides of (batch, head, sequence) for a tensor of logical shape s = (B, H, S, D):
+// stored dense as (B, H, S, D) (4-D form), or as (B, S, H*D) (3-D form, `packed`), where
+// element (b, h, s, d) sits at (b, s, h*D + d).
+void strides(const std::vector<int64_t>& s, bool packed, int64_t out[3]) {
+  if (packed) {
+    out[0] = s[2] * s[1] * s[3];
+    out[1] = s[3];
+    out[2] = s[1] * s[3];
+  } else {
+    out[0] = s[1] * s[2] * s[3];
+    out[1] = s[2] * s[3];
+    out[2] = s[3];
+  }
+}
+
+// Splits a 3-D input (B, S, hidden) into its logical 4-D shape (B, heads, S, hidden / heads).
+// `attr` names the attribute holding `heads` in messages. "" or an error.
+std::string unpack_3d(const char* input, const std::vector<int64_t>& shape, const char* attr, int64_t heads,
+                      std::vector<int64_t>* logical) {
+  Message os;
+  if (heads <= 0) {
+    os << input << " is rank 3 (B, S, H*D), so attribute " << attr << " is required";
+    return os.str();
+  }
+  if (shape[2] % heads != 0) {
+    os << input << "'s last dimension " << shape[2] << " is not a multiple of " << attr << " " << heads
+       << " (" << input << " has shape " << shape_str(shape) << ")";
+    return os.str();
+  }
+  *logical = {shape[0], heads, shape[1], shape[2] / heads};
+  return std::string();
 }
 
 }  // namespace
@@ -57,6 +84,14 @@ std::string check_attributes(const AttentionAttributes& a) {
     os << "attribute 'is_causal' must be 0, 1 or 2, got " << a.is_causal;
   } else if (!(std::isfinite(a.softcap) && a.softcap >= 0.0f)) {
     os << "attribute 'softcap' must be a finite float >= 0, got " << a.softcap;
+  } else if (a.q_num_heads < 0) {
+    os << "attribute 'q_num_heads' must be a positive int (the number of query heads), got " << a.q_num_heads;
+  } else if (a.kv_num_heads < 0) {
+    os << "attribute 'kv_num_heads' must be a positive int (the number of key/value heads), got "
+       << a.kv_num_heads;
+  } else if (a.q_num_heads > 0 && a.kv_num_heads > 0 && a.q_num_heads % a.kv_num_heads != 0) {
+    os << "attribute 'q_num_heads' (" << a.q_num_heads << ") must be a multiple of attribute 'kv_num_heads' ("
+       << a.kv_num_heads << ")";
   }
   return os.str();
 }
@@ -74,11 +109,24 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
       os << "input " << kNames[i] << " is required";
       return os.str();
     }
-    if (in[i].shape.size() != static_cast<size_t>(kTensorRank)) {
-      os << "input " << kNames[i] << " must have rank 4 (batch, heads, sequence, head size), got shape "
-         << shape_str(in[i].shape);
-      return os.str();
-    }
+  }
+  // The given shapes (named in messages) and their logical 4-D views (B, H, S, D).
+  const auto& qg = in[kInputQ].shape;
+  const auto& kg = in[kInputK].shape;
+  const auto& vg = in[kInputV].shape;
+  const size_t rank = qg.size();
+  if (rank != static_cast<size_t>(kTensorRank) && rank != static_cast<size_t>(kPackedTensorRank)) {
+    os << "input Q must have rank 4 (batch, heads, sequence, head size) or rank 3 (batch, sequence, "
+          "heads*head size), got shape "
+       << shape_str(qg);
+    return os.str();
+  }
+  if (kg.size() != rank || vg.size() != rank) {
+    os << "Q, K and V must all have rank 4 (B, H, S, D) or all rank 3 (B, S, H*D), got Q " << shape_str(qg)
+       << ", K " << shape_str(kg) << ", V " << shape_str(vg);
+    return os.str();
+  }
+  for (int i = 0; i < kNumRequiredInputs; ++i) {
     for (int64_t d : in[i].shape) {
       if (d < 0) {
         os << "input " << kNames[i] << " has a negative dimension " << shape_str(in[i].shape);
@@ -86,9 +134,22 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
       }
     }
   }
-  const auto& q = in[kInputQ].shape;
-  const auto& k = in[kInputK].shape;
-  const auto& v = in[kInputV].shape;
+  const bool packed = rank == static_cast<size_t>(kPackedTensorRank);
+  std::vector<int64_t> q = qg, k = kg, v = vg;
+  if (packed) {
+    std::string e = unpack_3d("Q", qg, kAttrQNumHeads, attrs.q_num_heads, &q);
+    if (e.empty()) e = unpack_3d("K", kg, kAttrKvNumHeads, attrs.kv_num_heads, &k);
+    if (e.empty()) e = unpack_3d("V", vg, kAttrKvNumHeads, attrs.kv_num_heads, &v);
+    if (!e.empty()) return e;
+  } else if (attrs.q_num_heads > 0 && attrs.q_num_heads != q[1]) {
+    os << "attribute q_num_heads = " << attrs.q_num_heads << " does not match Q's head dimension " << q[1]
+       << " (Q has the 4-D shape " << shape_str(qg) << "; with 4-D inputs q_num_heads may only repeat it)";
+    return os.str();
+  } else if (attrs.kv_num_heads > 0 && attrs.kv_num_heads != k[1]) {
+    os << "attribute kv_num_heads = " << attrs.kv_num_heads << " does not match K's head dimension " << k[1]
+       << " (K has the 4-D shape " << shape_str(kg) << "; with 4-D inputs kv_num_heads may only repeat it)";
+    return os.str();
+  }
   if (!is_float_type(in[kInputQ].type)) {
     os << "Q has element type " << elem_type_name(in[kInputQ].type)
        << "; supported: float32, float16, bfloat16";
@@ -100,11 +161,11 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
     return os.str();
   }
   if (k[0] != q[0] || v[0] != q[0]) {
-    os << "batch sizes differ: Q " << shape_str(q) << ", K " << shape_str(k) << ", V " << shape_str(v);
+    os << "batch sizes differ: Q " << shape_str(qg) << ", K " << shape_str(kg) << ", V " << shape_str(vg);
     return os.str();
   }
   if (v[1] != k[1]) {
-    os << "K and V must have the same number of heads, got K " << shape_str(k) << ", V " << shape_str(v);
+    os << "K and V must have the same number of heads, got K " << shape_str(kg) << ", V " << shape_str(vg);
     return os.str();
   }
   if (k[1] == 0 || q[1] % k[1] != 0) {
@@ -113,11 +174,15 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
     return os.str();
   }
   if (v[2] != k[2]) {
-    os << "K and V must have the same sequence length, got K " << shape_str(k) << ", V " << shape_str(v);
+    os << "K and V must have the same sequence length, got K " << shape_str(kg) << ", V " << shape_str(vg);
     return os.str();
   }
   if (k[3] != q[3]) {
-    os << "Q and K must have the same head size, got Q " << shape_str(q) << ", K " << shape_str(k);
+    os << "Q and K must have the same head size, got Q " << shape_str(qg) << ", K " << shape_str(kg);
+    if (packed) {
+      os << " (head sizes " << q[3] << " and " << k[3] << " with q_num_heads " << q[1] << ", kv_num_heads " << k[1]
+         << ")";
+    }
     return os.str();
   }
   if (q[3] < 1 || q[3] > kMaxHeadDim || v[3] < 1 || v[3] > kMaxHeadDim) {
@@ -133,10 +198,10 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
   p->seq_k = k[2];
   p->head_dim = q[3];
   p->head_dim_v = v[3];
-  dense_strides(q, p->q_stride);
-  dense_strides(k, p->k_stride);
-  dense_strides(v, p->v_stride);
-  dense_strides({q[0], q[1], q[2], v[3]}, p->y_stride);
+  strides(q, packed, p->q_stride);
+  strides(k, packed, p->k_stride);
+  strides(v, packed, p->v_stride);
+  strides({q[0], q[1], q[2], v[3]}, packed, p->y_stride);
 
   // Mask: numpy broadcasting, right-aligned, from rank 2 to 4.
   p->mask_kind = MaskKind::kNone;

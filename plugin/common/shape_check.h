@@ -26,20 +26,36 @@ struct AttentionAttributes {
   float scale = 0.0f;
   int64_t is_causal = 0;
   float softcap = 0.0f;
+  // Head counts of the 3-D form (B, S, H*D); 0 = absent. Required with 3-D inputs; with 4-D
+  // inputs they may be given only equal to the head dimensions of Q and K.
+  int64_t q_num_heads = 0;
+  int64_t kv_num_heads = 0;
 };
 
 // Checks attribute values alone (at node creation time).
 std::string check_attributes(const AttentionAttributes& attrs);
 
 // Checks the five inputs (index order of contract.h; absent optional ones have present=false)
-// and fills every field of `params` except the data pointers: sizes, dense strides, mask
-// broadcast strides, dtype, mask kind, resolved scale, softcap, causal mode.
+// and fills every field of `params` except the data pointers: sizes, element strides (dense
+// for the 4-D form; for the 3-D form (B, S, H*D) those of the same tensor viewed as
+// (B, H, S, D)), mask broadcast strides, dtype, mask kind, resolved scale, softcap, causal mode.
+// Q, K and V are all rank 4 or all rank 3; Y takes the same form (output_shape).
 std::string check_inputs_and_fill(const TensorDesc (&inputs)[5], const AttentionAttributes& attrs,
                                   AttentionParams* params);
 
-// Output shape (B, Hq, Sq, Dv) from validated params.
-inline std::vector<int64_t> output_shape(const AttentionParams& p) {
+// Output shape from validated params, in the form of the inputs: `input_rank` is Q's rank
+// (4: (B, Hq, Sq, Dv); 3: (B, Sq, Hq*Dv)).
+inline std::vector<int64_t> output_shape(const AttentionParams& p, size_t input_rank) {
+  if (input_rank == 3) return {p.batch, p.seq_q, p.heads_q * p.head_dim_v};
   return {p.batch, p.heads_q, p.seq_q, p.head_dim_v};
+}
+
+// Y's last dimension in the 3-D form from V's last dimension, for shape inference before any
+// data exists: Hq * (V_hidden / Hkv). -1 when V_hidden is unknown (< 0), the head counts are
+// not positive, or V_hidden is not a multiple of Hkv (the kernel reports that at run time).
+inline int64_t packed_output_hidden(int64_t v_hidden, int64_t q_num_heads, int64_t kv_num_heads) {
+  if (v_hidden < 0 || q_num_heads <= 0 || kv_num_heads <= 0 || v_hidden % kv_num_heads != 0) return -1;
+  return q_num_heads * (v_hidden / kv_num_heads);
 }
 
 // Checks key_lengths values read on the host (CPU kernel, tests). Empty string when valid.

@@ -121,6 +121,8 @@ OrtStatusPtr FusedAttentionOp::CreateKernelV2(const OrtApi& api, const OrtKernel
     bool has_softcap = false;
     if (err.empty()) err = read_float_attr(api, info, contract::kAttrSoftcap, &has_softcap, &config.attrs.softcap);
     if (err.empty()) err = read_int_attr(api, info, contract::kAttrIsCausal, &config.attrs.is_causal);
+    if (err.empty()) err = read_int_attr(api, info, contract::kAttrQNumHeads, &config.attrs.q_num_heads);
+    if (err.empty()) err = read_int_attr(api, info, contract::kAttrKvNumHeads, &config.attrs.kv_num_heads);
     if (err.empty()) err = check_attributes(config.attrs);
     if (!err.empty()) return api.CreateStatus(ORT_INVALID_ARGUMENT, node_message(config.node_name, err).c_str());
 
@@ -172,7 +174,7 @@ OrtStatusPtr FusedAttentionKernel::ComputeV2(OrtKernelContext* context) {
     p.mask = data[contract::kInputMask];
     p.key_lengths = data[contract::kInputKeyLengths];
 
-    std::vector<int64_t> out_shape = output_shape(p);
+    std::vector<int64_t> out_shape = output_shape(p, desc[contract::kInputQ].shape.size());
     Ort::UnownedValue y = ctx.GetOutput(contract::kOutputY, out_shape);
     p.y = y.GetTensorMutableRawData();
     if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0 || p.head_dim_v == 0) return nullptr;  // empty output

@@ -53,7 +53,8 @@ struct FusedAttentionOp : Ort::CustomOpBase<FusedAttentionOp, FusedAttentionKern
   ONNXTensorElementDataType value_type_;
 };
 
-// ORT's custom-op shape inference: Y = (B, Hq, Sq, Dv) with Q's element type.
+// ORT's custom-op shape inference: Y = (B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for the 3-D form, with
+// Q's element type.
 OrtStatusPtr infer_output_shape(const OrtCustomOp* op, OrtShapeInferContext* ctx);
 
 // "FusedAttention node 'name': what" — the prefix of every message this library returns.

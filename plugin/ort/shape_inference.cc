@@ -1,5 +1,6 @@
-// ORT custom-op type and shape inference for FusedAttention: Y = (B, Hq, Sq, Dv), element type of Q.
-// Symbolic dimensions carry over, so nodes after the op keep their shapes. Inference never fails
+// ORT custom-op type and shape inference for FusedAttention: Y = (B, Hq, Sq, Dv), or for the 3-D
+// form (B, Sq, Hq*Dv) with Hq*Dv = q_num_heads * (V's last dimension / kv_num_heads); element
+// type of Q. Symbolic dimensions carry over, so nodes after the op keep their shapes. Inference never fails
 // the model load: where an input shape is unknown the output is left with unknown dimensions,
 // and the kernel reports a bad shape with a clear message at run time.
 #include <atomic>
@@ -55,6 +56,24 @@ bool read_input(const OrtApi& api, OrtShapeInferContext* ctx, size_t index, ONNX
   return ok;
 }
 
+// Reads an optional int attribute; 0 (the contract's "absent") when missing or not an int, in
+// which case kernel creation reports the problem.
+int64_t read_int_attr(const OrtApi& api, OrtShapeInferContext* ctx, const char* name) {
+  const OrtOpAttr* attr = nullptr;
+  if (OrtStatus* st = api.ShapeInferContext_GetAttribute(ctx, name, &attr)) {
+    api.ReleaseStatus(st);
+    return 0;
+  }
+  if (attr == nullptr) return 0;
+  int64_t value = 0;
+  size_t size = 0;
+  if (OrtStatus* st = api.ReadOpAttr(attr, ORT_OP_ATTR_INT, &value, sizeof(value), &size)) {
+    api.ReleaseStatus(st);
+    return 0;
+  }
+  return value;
+}
+
 }  // namespace
 
 OrtStatusPtr infer_output_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
@@ -65,13 +84,30 @@ OrtStatusPtr infer_output_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   if (!read_input(api, ctx, contract::kInputQ, &q_type, &q)) return nullptr;
   const bool have_v = read_input(api, ctx, contract::kInputV, &v_type, &v);
 
-  std::vector<Dim> y(contract::kTensorRank);
-  if (q.size() == static_cast<size_t>(contract::kTensorRank)) {
+  std::vector<Dim> y;
+  if (q.size() == static_cast<size_t>(contract::kPackedTensorRank)) {
+    // 3-D form: (B, Sq) of Q; the last dimension Hq * Dv from V's (B, Sk, Hkv * Dv).
+    y.resize(contract::kPackedTensorRank);
     y[0] = q[0];
     y[1] = q[1];
-    y[2] = q[2];
+    if (have_v && v.size() == static_cast<size_t>(contract::kPackedTensorRank)) {
+      const int64_t hq = read_int_attr(api, ctx, contract::kAttrQNumHeads);
+      const int64_t hkv = read_int_attr(api, ctx, contract::kAttrKvNumHeads);
+      if (hq > 0 && hq == hkv) {
+        y[2] = v[2];  // Hq * Dv = V's last dimension, known or symbolic
+      } else {
+        y[2].value = packed_output_hidden(v[2].value, hq, hkv);
+      }
+    }
+  } else {
+    y.resize(contract::kTensorRank);
+    if (q.size() == static_cast<size_t>(contract::kTensorRank)) {
+      y[0] = q[0];
+      y[1] = q[1];
+      y[2] = q[2];
+    }
+    if (have_v && v.size() == static_cast<size_t>(contract::kTensorRank)) y[3] = v[3];
   }
-  if (have_v && v.size() == static_cast<size_t>(contract::kTensorRank)) y[3] = v[3];
 
   OrtTensorTypeAndShapeInfo* out = nullptr;
   if (OrtStatus* st = api.CreateTensorTypeAndShapeInfo(&out)) return st;

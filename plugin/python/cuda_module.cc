@@ -234,7 +234,8 @@ void fused_attention_impl(py::handle q, py::handle k, py::handle v, py::handle y
   prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, stream);
   View out;
   read_view(y, "Y", stream, out);
-  const std::vector<int64_t> want = opsfuse::output_shape(pr.p);
+  // 4-D form only: this module takes no head counts, so 3-D inputs already failed in prepare().
+  const std::vector<int64_t> want = opsfuse::output_shape(pr.p, 4);
   if (out.shape != want || out.type != pr.in[0].type) {
     opsfuse::Message os;
     os << "output Y must have shape (" << want[0] << ", " << want[1] << ", " << want[2] << ", " << want[3]

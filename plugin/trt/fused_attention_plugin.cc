@@ -348,10 +348,10 @@ int32_t FusedAttentionPlugin::onShapeChange(const PluginTensorDesc* in, int32_t 
       err = check_inputs_and_fill(descs, attrs_, &p);
     }
     if (err.empty()) {
-      const std::vector<int64_t> y = output_shape(p);
+      const std::vector<int64_t> y = output_shape(p, static_cast<size_t>(in[contract::kInputQ].dims.nbDims));
       const nvinfer1::Dims& od = out[contract::kOutputY].dims;
-      if (od.nbDims != contract::kTensorRank || !std::equal(y.begin(), y.end(), od.d)) {
-        err = "output Y must have shape (B, Hq, Sq, Dv)";
+      if (od.nbDims != static_cast<int32_t>(y.size()) || !std::equal(y.begin(), y.end(), od.d)) {
+        err = "output Y must have shape (B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs";
       }
     }
     if (!err.empty()) {
@@ -381,10 +381,10 @@ int32_t FusedAttentionPlugin::enqueue(const PluginTensorDesc* input_desc, const 
     AttentionParams p;
     std::string err = check_inputs_and_fill(descs, attrs_, &p);
     if (err.empty()) {
-      const std::vector<int64_t> y = output_shape(p);
+      const std::vector<int64_t> y = output_shape(p, descs[contract::kInputQ].shape.size());
       const nvinfer1::Dims& od = output_desc[contract::kOutputY].dims;
-      if (od.nbDims != contract::kTensorRank || !std::equal(y.begin(), y.end(), od.d)) {
-        err = "output Y must have shape (B, Hq, Sq, Dv)";
+      if (od.nbDims != static_cast<int32_t>(y.size()) || !std::equal(y.begin(), y.end(), od.d)) {
+        err = "output Y must have shape (B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs";
       } else if (output_desc[contract::kOutputY].type != input_desc[contract::kInputQ].type) {
         err = "output Y must have the element type of Q";
       }
