@@ -28,6 +28,9 @@ PAIRS = {
     "kAttrScale": "ATTR_SCALE",
     "kAttrIsCausal": "ATTR_IS_CAUSAL",
     "kAttrSoftcap": "ATTR_SOFTCAP",
+    "kAttrQNumHeads": "ATTR_Q_NUM_HEADS",
+    "kAttrKvNumHeads": "ATTR_KV_NUM_HEADS",
+    "kDefaultNumHeads": "DEFAULT_NUM_HEADS",
     "kDefaultSoftcap": "DEFAULT_SOFTCAP",
     "kDefaultIsCausal": "DEFAULT_IS_CAUSAL",
     "kCausalNone": "CAUSAL_NONE",
@@ -38,6 +41,7 @@ PAIRS = {
     "kMinMaskRank": "MIN_MASK_RANK",
     "kMaxMaskRank": "MAX_MASK_RANK",
     "kTensorRank": "TENSOR_RANK",
+    "kPackedTensorRank": "PACKED_TENSOR_RANK",
 }
 
 _CONSTANT = re.compile(r"inline constexpr\s+[\w:* ]+?\s+(k\w+)\s*=\s*([^;]+);")

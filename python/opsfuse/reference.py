@@ -25,6 +25,21 @@ def causal_visible(seq_q: int, seq_k: int, is_causal: int) -> np.ndarray:
     raise ValueError(f"is_causal must be 0, 1 or 2, got {is_causal}")
 
 
+def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """(B, S, H*D) -> (B, H, S, D), the 4-D view of a 3-D input (element (b, s, h*D + d) is
+    element (b, h, s, d))."""
+    b, s, hidden = x.shape
+    if num_heads <= 0 or hidden % num_heads:
+        raise ValueError(f"last dimension {hidden} is not a multiple of the head count {num_heads}")
+    return x.reshape(b, s, num_heads, hidden // num_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """(B, H, S, D) -> (B, S, H*D), the inverse of split_heads."""
+    b, h, s, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, s, h * d)
+
+
 def attention_reference(
     q: np.ndarray,
     k: np.ndarray,
@@ -34,9 +49,27 @@ def attention_reference(
     scale: float | None = None,
     is_causal: int = 0,
     softcap: float = 0.0,
+    q_num_heads: int | None = None,
+    kv_num_heads: int | None = None,
 ) -> np.ndarray:
     """FusedAttention in float64. Inputs of any float dtype (bfloat16 via ml_dtypes or float32
-    upcast by the caller); returns float64 of shape (B, Hq, Sq, Dv)."""
+    upcast by the caller); returns float64 of shape (B, Hq, Sq, Dv), or for the 3-D form
+    (Q (B, Sq, Hq*D), K (B, Sk, Hkv*D), V (B, Sk, Hkv*Dv), with q_num_heads and kv_num_heads)
+    of shape (B, Sq, Hq*Dv)."""
+    ranks = (np.ndim(q), np.ndim(k), np.ndim(v))
+    if len(set(ranks)) != 1 or ranks[0] not in (contract.TENSOR_RANK, contract.PACKED_TENSOR_RANK):
+        raise ValueError(f"Q, K and V must all have rank 4 or all rank 3, got ranks {ranks}")
+    if ranks[0] == contract.PACKED_TENSOR_RANK:
+        if not q_num_heads or not kv_num_heads:
+            raise ValueError("3-D inputs need q_num_heads and kv_num_heads")
+        out = attention_reference(split_heads(np.asarray(q), q_num_heads), split_heads(np.asarray(k), kv_num_heads),
+                                  split_heads(np.asarray(v), kv_num_heads), attn_mask, key_lengths, scale,
+                                  is_causal, softcap)
+        return merge_heads(out)
+    for name, value, dim in (("q_num_heads", q_num_heads, np.shape(q)[1]), ("kv_num_heads", kv_num_heads,
+                                                                            np.shape(k)[1])):
+        if value and value != dim:
+            raise ValueError(f"{name}={value} does not match the 4-D input's head dimension {dim}")
     q64 = np.asarray(q, dtype=np.float64)
     k64 = np.asarray(k, dtype=np.float64)
     v64 = np.asarray(v, dtype=np.float64)

@@ -1,5 +1,8 @@
 """The FusedAttention schema for the ``onnx`` package, so that ``onnx.checker`` and
-``onnx.shape_inference`` accept models that use the op and infer its output (B, Hq, Sq, Dv).
+``onnx.shape_inference`` accept models that use the op and infer its output: (B, Hq, Sq, Dv), or
+(B, Sq, Hq*Dv) for the 3-D form. A node that breaks the contract in a way its input shapes and
+attributes already show (mixed ranks, a missing head count, a hidden size that is not a multiple
+of it) fails shape inference with an ``InferenceError`` naming FusedAttention and the problem.
 
 Call :func:`register` once per process; it is idempotent.
 """
@@ -24,27 +27,87 @@ _registered = False
 _VALUE_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
 
+def _input_shape(ctx, index: int):
+    """The TensorShapeProto of input `index`, or None when absent or of unknown rank."""
+    if ctx.get_num_inputs() <= index or not ctx.has_input(index):
+        return None
+    t = ctx.get_input_type(index)
+    if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    return t.tensor_type.shape
+
+
+def _int_attr(ctx, name: str) -> int:
+    attr = ctx.get_attribute(name)
+    return contract.DEFAULT_NUM_HEADS if attr is None else int(attr.i)
+
+
+def _fail(ctx, what: str) -> None:
+    try:
+        node = ctx.get_display_name()  # "node FusedAttention[com.opsfuse] (name)"
+    except Exception:  # noqa: BLE001 - only the message's wording depends on it
+        node = ""
+    raise onnx.shape_inference.InferenceError(f"{node or contract.OP_NAME}: {what}")
+
+
+def _known(dim) -> int | None:
+    return dim.dim_value if dim.HasField("dim_value") else None
+
+
 def _infer(ctx) -> None:
-    """Y = (B, Hq, Sq) of Q and Dv of V, with Q's element type."""
+    """Y = (B, Hq, Sq) of Q and Dv of V (4-D form), or (B, Sq) of Q and q_num_heads * (V's last
+    dimension / kv_num_heads) (3-D form), with Q's element type."""
     q_type = ctx.get_input_type(contract.INPUT_Q)
     if q_type is None or not q_type.HasField("tensor_type"):
         return
     out = onnx.TypeProto()
     out.tensor_type.elem_type = q_type.tensor_type.elem_type
-    q_shape = q_type.tensor_type.shape if q_type.tensor_type.HasField("shape") else None
-    v_type = ctx.get_input_type(contract.INPUT_V) if ctx.get_num_inputs() > contract.INPUT_V else None
-    v_shape = (
-        v_type.tensor_type.shape
-        if v_type is not None and v_type.HasField("tensor_type") and v_type.tensor_type.HasField("shape")
-        else None
-    )
-    if q_shape is not None and len(q_shape.dim) == contract.TENSOR_RANK:
+    q_shape, k_shape, v_shape = (_input_shape(ctx, i) for i in (contract.INPUT_Q, contract.INPUT_K, contract.INPUT_V))
+    hq, hkv = _int_attr(ctx, contract.ATTR_Q_NUM_HEADS), _int_attr(ctx, contract.ATTR_KV_NUM_HEADS)
+    for name, value in ((contract.ATTR_Q_NUM_HEADS, hq), (contract.ATTR_KV_NUM_HEADS, hkv)):
+        if value < 0:
+            _fail(ctx, f"attribute '{name}' must be a positive int, got {value}")
+    if hq > 0 and hkv > 0 and hq % hkv:
+        _fail(ctx, f"attribute 'q_num_heads' ({hq}) must be a multiple of attribute 'kv_num_heads' ({hkv})")
+    ranks = [None if s is None else len(s.dim) for s in (q_shape, k_shape, v_shape)]
+    known = {r for r in ranks if r is not None}
+    if len(known) > 1:
+        _fail(ctx, "Q, K and V must all have rank 4 (B, H, S, D) or all rank 3 (B, S, H*D), got ranks "
+                   + ", ".join("?" if r is None else str(r) for r in ranks))
+    rank = known.pop() if known else None
+    if rank == contract.PACKED_TENSOR_RANK:
+        for name, shape, attr, heads in (("Q", q_shape, contract.ATTR_Q_NUM_HEADS, hq),
+                                         ("K", k_shape, contract.ATTR_KV_NUM_HEADS, hkv),
+                                         ("V", v_shape, contract.ATTR_KV_NUM_HEADS, hkv)):
+            if heads <= 0:
+                _fail(ctx, f"{name} is rank 3 (B, S, H*D), so attribute {attr} is required")
+            hidden = None if shape is None else _known(shape.dim[2])
+            if hidden is not None and hidden % heads:
+                _fail(ctx, f"{name}'s last dimension {hidden} is not a multiple of {attr} {heads}")
         dims = out.tensor_type.shape.dim
-        for i in range(3):
-            dims.add().CopyFrom(q_shape.dim[i])
-        last = dims.add()
-        if v_shape is not None and len(v_shape.dim) == contract.TENSOR_RANK:
-            last.CopyFrom(v_shape.dim[3])
+        if q_shape is not None:
+            dims.add().CopyFrom(q_shape.dim[0])
+            dims.add().CopyFrom(q_shape.dim[1])
+            last = dims.add()
+            if v_shape is not None:
+                if hq == hkv:
+                    last.CopyFrom(v_shape.dim[2])  # Hq * Dv is V's last dimension, known or symbolic
+                elif _known(v_shape.dim[2]) is not None:
+                    last.dim_value = hq * (_known(v_shape.dim[2]) // hkv)
+    elif rank == contract.TENSOR_RANK:
+        for name, shape, attr, value in (("Q", q_shape, contract.ATTR_Q_NUM_HEADS, hq),
+                                         ("K", k_shape, contract.ATTR_KV_NUM_HEADS, hkv)):
+            heads = None if shape is None else _known(shape.dim[1])
+            if value > 0 and heads is not None and heads != value:
+                _fail(ctx, f"attribute {attr} = {value} does not match {name}'s head dimension {heads} "
+                           f"(with 4-D inputs it may only repeat it)")
+        if q_shape is not None:
+            dims = out.tensor_type.shape.dim
+            for i in range(3):
+                dims.add().CopyFrom(q_shape.dim[i])
+            last = dims.add()
+            if v_shape is not None:
+                last.CopyFrom(v_shape.dim[3])
     ctx.set_output_type(contract.OUTPUT_Y, out)
 
 
@@ -59,13 +122,13 @@ def build_schema() -> defs.OpSchema:
         contract.OP_VERSION,
         "Scaled dot-product attention with online softmax; see opsfuse's ARCHITECTURE.md for the contract.",
         inputs=[
-            P("Q", "T", "(B, Hq, Sq, D)"),
-            P("K", "T", "(B, Hkv, Sk, D)"),
-            P("V", "T", "(B, Hkv, Sk, Dv)"),
+            P("Q", "T", "(B, Hq, Sq, D), or (B, Sq, Hq*D) with q_num_heads"),
+            P("K", "T", "(B, Hkv, Sk, D), or (B, Sk, Hkv*D) with kv_num_heads"),
+            P("V", "T", "(B, Hkv, Sk, Dv), or (B, Sk, Hkv*Dv) with kv_num_heads"),
             P("attn_mask", "M", "broadcastable to (B, Hq, Sq, Sk); bool (True = attend) or T (added)", param_option=opt),
             P("key_lengths", "L", "(B,); keys at positions >= key_lengths[b] are masked", param_option=opt),
         ],
-        outputs=[P("Y", "T", "(B, Hq, Sq, Dv)")],
+        outputs=[P("Y", "T", "(B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs")],
         type_constraints=[
             ("T", _VALUE_TYPES, "Q, K, V and Y"),
             ("M", ["tensor(bool)"] + _VALUE_TYPES, "bool, or the type of Q"),
@@ -75,6 +138,10 @@ def build_schema() -> defs.OpSchema:
             A(contract.ATTR_SCALE, AT.FLOAT, "multiplies Q.K^T; default 1/sqrt(D)", required=False),
             A(contract.ATTR_IS_CAUSAL, AT.INT, "0 none, 1 upper-left, 2 lower-right", required=False),
             A(contract.ATTR_SOFTCAP, AT.FLOAT, "if > 0: s = softcap*tanh(s/softcap) before the mask", required=False),
+            A(contract.ATTR_Q_NUM_HEADS, AT.INT, "Hq; required with 3-D inputs, else equal to Q's dim 1",
+              required=False),
+            A(contract.ATTR_KV_NUM_HEADS, AT.INT, "Hkv; required with 3-D inputs, else equal to K's dim 1",
+              required=False),
             A(ATTR_PLUGIN_VERSION, AT.STRING, "TensorRT plugin version", required=False),
             A(ATTR_PLUGIN_NAMESPACE, AT.STRING, "TensorRT plugin namespace", required=False),
         ],
