@@ -84,6 +84,12 @@ OrtStatusPtr infer_output_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   if (!read_input(api, ctx, contract::kInputQ, &q_type, &q)) return nullptr;
   const bool have_v = read_input(api, ctx, contract::kInputV, &v_type, &v);
 
+  // ORT reports an input of unknown rank as rank 0; Y's rank (3 or 4) then is unknown too, and
+  // the output keeps the element type ORT gave it from the op's declared output type.
+  if (q.size() != static_cast<size_t>(contract::kPackedTensorRank) &&
+      q.size() != static_cast<size_t>(contract::kTensorRank)) {
+    return nullptr;
+  }
   std::vector<Dim> y;
   if (q.size() == static_cast<size_t>(contract::kPackedTensorRank)) {
     // 3-D form: (B, Sq) of Q; the last dimension Hq * Dv from V's (B, Sk, Hkv * Dv).
@@ -101,11 +107,9 @@ OrtStatusPtr infer_output_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
     }
   } else {
     y.resize(contract::kTensorRank);
-    if (q.size() == static_cast<size_t>(contract::kTensorRank)) {
-      y[0] = q[0];
-      y[1] = q[1];
-      y[2] = q[2];
-    }
+    y[0] = q[0];
+    y[1] = q[1];
+    y[2] = q[2];
     if (have_v && v.size() == static_cast<size_t>(contract::kTensorRank)) y[3] = v[3];
   }
 
