@@ -87,8 +87,80 @@ def _key_lengths_wrong_shape():
     return dict(q=q, k=k, v=v, key_lengths=np.array([3, 1, 2], dtype=np.int64))
 
 
+# The 3-D form (B, S, H*D): the attributes travel with the feeds (the runner puts them on the node).
+HEADS = {"q_num_heads": 4, "kv_num_heads": 2}
+
+
+def qkv3(b=2, hq=4, hkv=2, sq=5, sk=7, d=16, dv=16, dtype=np.float32):
+    return (rng.standard_normal((b, sq, hq * d)).astype(dtype),
+            rng.standard_normal((b, sk, hkv * d)).astype(dtype),
+            rng.standard_normal((b, sk, hkv * dv)).astype(dtype))
+
+
+def _3d_missing_q_num_heads():
+    q, k, v = qkv3()
+    return dict(q=q, k=k, v=v, kv_num_heads=2)
+
+
+def _3d_missing_kv_num_heads():
+    q, k, v = qkv3()
+    return dict(q=q, k=k, v=v, q_num_heads=4)
+
+
+def _3d_q_not_divisible():
+    q, k, v = qkv3()
+    return dict(q=q[..., :-2], k=k, v=v, **HEADS)
+
+
+def _3d_v_not_divisible():
+    q, k, v = qkv3()
+    return dict(q=q, k=k, v=v[..., :-1], **HEADS)
+
+
+def _3d_head_size_mismatch():
+    q, k, v = qkv3()
+    return dict(q=q[..., :4 * 8], k=k, v=v, **HEADS)  # D = 8 for Q, 16 for K
+
+
+def _3d_mixed_ranks():
+    q, _, _ = qkv3()
+    _, k, v = qkv()
+    return dict(q=q, k=k, v=v, **HEADS)
+
+
+def _4d_q_num_heads_mismatch():
+    q, k, v = qkv()  # Hq = 4
+    return dict(q=q, k=k, v=v, q_num_heads=2)
+
+
+def _4d_kv_num_heads_mismatch():
+    q, k, v = qkv()  # Hkv = 2
+    return dict(q=q, k=k, v=v, kv_num_heads=4)
+
+
+# The valid input each 3-D / head-count case runs afterwards in the same session (same attributes).
+GOOD = {
+    "3d_missing_q_num_heads": lambda: dict(zip("qkv", qkv()), kv_num_heads=2),
+    "3d_missing_kv_num_heads": lambda: dict(zip("qkv", qkv()), q_num_heads=4),
+    "3d_q_not_divisible": lambda: dict(zip("qkv", qkv3()), **HEADS),
+    "3d_v_not_divisible": lambda: dict(zip("qkv", qkv3()), **HEADS),
+    "3d_head_size_mismatch": lambda: dict(zip("qkv", qkv3()), **HEADS),
+    "3d_mixed_ranks": lambda: dict(zip("qkv", qkv3()), **HEADS),
+    "4d_q_num_heads_mismatch": lambda: dict(zip("qkv", qkv(hq=2, hkv=2)), q_num_heads=2),
+    "4d_kv_num_heads_mismatch": lambda: dict(zip("qkv", qkv(hq=4, hkv=4)), kv_num_heads=4),
+}
+
+
 CASES = {
     "rank": (_rank3, "rank 4"),
+    "3d_missing_q_num_heads": (_3d_missing_q_num_heads, "Q is rank 3 (B, S, H*D), so attribute q_num_heads is required"),
+    "3d_missing_kv_num_heads": (_3d_missing_kv_num_heads, "K is rank 3 (B, S, H*D), so attribute kv_num_heads is required"),
+    "3d_q_not_divisible": (_3d_q_not_divisible, "Q's last dimension 62 is not a multiple of q_num_heads 4"),
+    "3d_v_not_divisible": (_3d_v_not_divisible, "V's last dimension 31 is not a multiple of kv_num_heads 2"),
+    "3d_head_size_mismatch": (_3d_head_size_mismatch, "head sizes 8 and 16"),
+    "3d_mixed_ranks": (_3d_mixed_ranks, "must all have rank 4 (B, H, S, D) or all rank 3 (B, S, H*D)"),
+    "4d_q_num_heads_mismatch": (_4d_q_num_heads_mismatch, "q_num_heads = 2 does not match Q's head dimension 4"),
+    "4d_kv_num_heads_mismatch": (_4d_kv_num_heads_mismatch, "kv_num_heads = 4 does not match K's head dimension 2"),
     "batch": (_batch, "batch sizes differ"),
     "heads_not_multiple": (_heads_not_multiple, "multiple of the number of key/value heads"),
     "kv_heads_differ": (_kv_heads_differ, "same number of heads"),
@@ -109,6 +181,11 @@ ATTRIBUTE_CASES = {
     "softcap_negative": ({"softcap": -1.0}, "'softcap' must be a finite float >= 0"),
     "scale_nan": ({"scale": float("nan")}, "'scale' must be a finite"),
     "scale_int": ({"scale": 2}, "'scale' must be a float"),
+    "q_num_heads_negative": ({"q_num_heads": -4}, "'q_num_heads' must be a positive int"),
+    "kv_num_heads_negative": ({"kv_num_heads": -1}, "'kv_num_heads' must be a positive int"),
+    "num_heads_not_multiple": ({"q_num_heads": 6, "kv_num_heads": 4},
+                               "'q_num_heads' (6) must be a multiple of attribute 'kv_num_heads' (4)"),
+    "q_num_heads_float": ({"q_num_heads": 4.0}, "'q_num_heads' must be an int"),
 }
 
 
@@ -135,7 +212,9 @@ def run_case(name: str) -> dict:
     # Then a valid input with the same model signature (same session) where one exists.
     q, k, v = qkv()
     good = {"q": q, "k": k, "v": v}
-    if name == "mask_not_broadcastable":
+    if name in GOOD:
+        good = GOOD[name]()
+    elif name == "mask_not_broadcastable":
         good["attn_mask"] = np.ones((5, 7), dtype=bool)
     elif name.startswith("key_lengths"):
         kl_dtype = np.int32 if name == "key_lengths_too_large" else np.int64

@@ -30,20 +30,24 @@ def fused_attention_model(
     opset: int = 17,
     node_name: str = "attention0",
     declare_shapes: bool = True,
+    rank: int = 4,
     **attrs,
 ) -> onnx.ModelProto:
     """One FusedAttention node; every dimension symbolic, so any shape can be fed (with
-    declare_shapes=False not even the rank is declared, so the op itself sees bad ranks)."""
+    declare_shapes=False not even the rank is declared, so the op itself sees bad ranks).
+    rank=3 declares the 3-D form (B, S, H*D) (pass q_num_heads / kv_num_heads in attrs)."""
     elem = ONNX_TYPE[np.dtype(dtype)]
 
     def dims(names):
         return names if declare_shapes else None
 
-    inputs = [
-        helper.make_tensor_value_info("Q", elem, dims(["b", "hq", "sq", "d"])),
-        helper.make_tensor_value_info("K", elem, dims(["b", "hkv", "sk", "d"])),
-        helper.make_tensor_value_info("V", elem, dims(["b", "hkv", "sk", "dv"])),
-    ]
+    if rank == 3:
+        shapes = {"Q": ["b", "sq", "hq_d"], "K": ["b", "sk", "hkv_d"], "V": ["b", "sk", "hkv_dv"],
+                  "Y": ["b", "sq", "hq_dv"]}
+    else:
+        shapes = {"Q": ["b", "hq", "sq", "d"], "K": ["b", "hkv", "sk", "d"], "V": ["b", "hkv", "sk", "dv"],
+                  "Y": ["b", "hq", "sq", "dv"]}
+    inputs = [helper.make_tensor_value_info(n, elem, dims(shapes[n])) for n in ("Q", "K", "V")]
     names = ["Q", "K", "V"]
     if mask_dtype is not None:
         inputs.append(helper.make_tensor_value_info("attn_mask", ONNX_TYPE[np.dtype(mask_dtype)],
@@ -56,7 +60,7 @@ def fused_attention_model(
         names.append("key_lengths")
     node = helper.make_node(contract.OP_NAME, names, ["Y"], domain=contract.DOMAIN, name=node_name, **attrs)
     graph = helper.make_graph([node], "fused_attention", inputs,
-                              [helper.make_tensor_value_info("Y", elem, dims(["b", "hq", "sq", "dv"]))])
+                              [helper.make_tensor_value_info("Y", elem, dims(shapes["Y"]))])
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(contract.DOMAIN, contract.OP_VERSION)],
@@ -104,11 +108,15 @@ class FusedAttentionRunner:
         mask_dtype = None if attn_mask is None else np.asarray(attn_mask).dtype
         mask_rank = 0 if attn_mask is None else np.asarray(attn_mask).ndim
         kl_dtype = None if key_lengths is None else np.asarray(key_lengths).dtype
-        key = (q.dtype, mask_dtype, mask_rank, kl_dtype, tuple(sorted(attrs.items())))
+        # The declared form follows Q (3-D: pass q_num_heads / kv_num_heads); without declared
+        # shapes one session serves both forms.
+        rank = 3 if q.ndim == 3 else 4
+        key = (q.dtype, mask_dtype, mask_rank, kl_dtype, rank if self._declare_shapes else None,
+               tuple(sorted(attrs.items())))
         session = self._sessions.get(key)
         if session is None:
             model = fused_attention_model(q.dtype, mask_dtype, mask_rank, kl_dtype,
-                                         declare_shapes=self._declare_shapes, **attrs)
+                                         declare_shapes=self._declare_shapes, rank=rank, **attrs)
             session = make_session(model, intra_op_threads=self._threads)
             self._sessions[key] = session
         feeds = {"Q": q, "K": k, "V": v}
