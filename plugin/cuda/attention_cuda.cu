@@ -9,6 +9,9 @@
 //   OPSFUSE_CUDA_DISABLE_HOPPER=1  the portable kernels only.
 //   OPSFUSE_CUDA_FORCE_HOPPER=1    (tests) the Hopper kernel also where the portable plan would split
 //                                  the keys (small grids, long Sk), which it otherwise keeps.
+//   OPSFUSE_CUDA_HOPPER_PERSISTENT=0 / 1  no persistent Hopper grid / one also for causal and
+//                                  key_lengths launches (hopper_persistent()).
+//   OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0  (A/B) masks through the Hopper kernel's general scoring.
 //   OPSFUSE_CUDA_DECODE_NO_CLUSTER=1  (tests) split decode through the workspace + combine kernel
 //                                  also where the sm_90 cluster merge would run (choose_plan).
 //   OPSFUSE_CUDA_DECODE_SPLITS=N   (benchmark sweeps) decode with N key splits.
@@ -151,6 +154,27 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
 #endif
 }
 
+// Hopper persistent grid (one block per multiprocessor, each looping over row tiles in a static
+// snake order, see hopper_fwd.cuh: the producer loads the next tile's Q and K/V while the
+// consumers finish the current one, which hides a tile's prologue and epilogue) when there are
+// more row tiles than multiprocessors and no key_lengths (per-batch lengths make the tiles' costs
+// data-dependent, which a static schedule cannot balance; the hardware's block scheduler can).
+// Causal: only where the snake pairs each block's heavy and light row tiles exactly, i.e. 2 * #SMs
+// is a multiple of the row tiles per head (264 and 8 at S=1024 on 132 SMs: every block's two
+// consecutive items sum to 9 key tiles). Otherwise a static schedule can be far off (a model of
+// the schedules: B=1 H=16 S=8192 causal 1.35x the hardware's dynamic one, B=2 H=16 S=16384 1.02x)
+// and the hardware's block scheduler keeps the launch.
+// OPSFUSE_CUDA_HOPPER_PERSISTENT=0: never; =1: also with key_lengths and any causal shape.
+[[maybe_unused]] bool hopper_persistent(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
+  const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
+  if (e != nullptr && e[0] == '0') return false;
+  const int64_t tiles = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
+  if (tiles <= dev.sms) return false;
+  if (e != nullptr && e[0] == '1') return true;
+  if (p.is_causal != 0 && (2 * dev.sms) % std::max(1, plan.row_tiles) != 0) return false;
+  return p.key_lengths == nullptr;
+}
+
 // Decode cluster merge (flash_decode.cuh): how many clusters of `cluster` blocks of the decode
 // kernel for this dtype / bucket / ring depth fit on the device at once (0: not compiled for sm_90).
 int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
@@ -273,6 +297,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     plan.block_n = 128;
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
+    plan.persistent = hopper_persistent(p, dev, plan) ? dev.sms : 0;
   }
   return plan;
 }

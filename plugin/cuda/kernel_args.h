@@ -64,6 +64,8 @@ struct Plan {
                         // shared memory (flash_decode.cuh; no combine launch); 1 otherwise
   int bulk = 0;         // decode on sm_90: 1 = K/V rows by cp.async.bulk into an mbarrier ring where
                         // the layout allows (the kernel checks), else cp.async
+  int persistent = 0;   // kHopper: > 0 = a persistent grid of that many blocks looping over the row
+                        // tiles (when there are more tiles than blocks); 0 = one block per tile
 };
 
 // Launch functions, one per compiled configuration (defined in the instantiation files).

@@ -4,14 +4,17 @@
 // (attention_cuda.cu, choose_plan) takes it on compute capability 9.0 devices for the cases it
 // covers and keeps the portable mma.sync kernel (flash_tc.cuh) for everything else.
 //
-// Design (one block = 128 query rows of one (batch, query head); 3 warpgroups, 384 threads):
+// Design (one work item = 128 query rows of one (batch, query head); one block per item, or a
+// persistent grid of one block per SM looping over items, choose_plan's plan.persistent;
+// 3 warpgroups, 384 threads):
 //  - warpgroup 0, the producer: gives its registers away (setmaxnreg.dec 24); one thread issues
 //    the TMA loads (cp.async.bulk.tensor, 128-byte swizzle) of the Q tile once and of the K and V
 //    tiles into a kStages-deep shared-memory ring, each with a "full" mbarrier (transaction bytes)
 //    and an "empty" mbarrier that the consumers release.
 //  - warpgroups 1 and 2, the consumers (setmaxnreg.inc 240): 64 query rows each.
 //      S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (both K-major),
-//      score       scale, softcap, mask, causal, key_lengths on the S accumulators (kernel_common.cuh)
+//      score       scale, softcap, mask, causal, key_lengths on the S accumulators (kernel_common.cuh;
+//                  aligned masks without softcap as column-pair loads issued ahead, see Mode)
 //      softmax     online, in registers, log2 domain, ex2.approx
 //      O += P V    wgmma m64nDk16, A = P from registers (re-packed S accumulators), B = V from
 //                  shared memory, N(=Dv)-major (transpose flag).
@@ -42,8 +45,10 @@
 //    k-step kk (16 keys) starts at kk * 16 * 128 bytes.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 #include <cuda.h>  // CUtensorMap (types only: nothing links libcuda)
 
@@ -174,24 +179,61 @@ __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
   }
 }
 
+// One pair of mask elements (column c = i * 8 of a tile row, and c + 1) into `v` without a branch:
+// both when c + 1 < rem, the first alone when c + 1 == rem, none (v = 0) otherwise. kBytes: 1
+// (bool) or 2 (T); `base` points at column 0 of the tile row and is aligned to a pair.
+template <int kBytes, int kCol>
+__device__ __forceinline__ void mask_pair_load(uint32_t& v, const char* base, int rem) {
+  v = 0;
+  if constexpr (kBytes == 2) {
+    asm volatile(
+        "{\n.reg .pred p, q;\nsetp.gt.s32 p, %1, %3;\nsetp.eq.s32 q, %1, %3;\n"
+        "@p ld.global.nc.u32 %0, [%2+%4];\n@q ld.global.nc.u16 %0, [%2+%4];\n}\n"
+        : "+r"(v)
+        : "r"(rem), "l"(base), "n"(kCol + 1), "n"(kCol * kBytes));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p, q;\nsetp.gt.s32 p, %1, %3;\nsetp.eq.s32 q, %1, %3;\n"
+        "@p ld.global.nc.u16 %0, [%2+%4];\n@q ld.global.nc.u8 %0, [%2+%4];\n}\n"
+        : "+r"(v)
+        : "r"(rem), "l"(base), "n"(kCol + 1), "n"(kCol * kBytes));
+  }
+}
+
+// The pairs of one tile row: columns I * 8 (+ 1) of `base` into v[I].
+template <int kBytes, int... I>
+__device__ __forceinline__ void mask_row_loads(uint32_t (&v)[sizeof...(I)], const char* base, int rem,
+                                               std::integer_sequence<int, I...>) {
+  (mask_pair_load<kBytes, I * 8>(v[I], base, rem), ...);
+}
+
 // --- the kernel -----------------------------------------------------------------------------------
 // Accumulator layout of wgmma m64nN (per warpgroup thread t, warp w = t / 32, lane l): register
 // d[i * 4 + h * 2 + e] holds row 16 w + l / 4 + 8 h, column 8 i + 2 (l % 4) + e. The A-from-registers
 // fragment of m64n*k16 for k-step kk: a[0] = (row l/4, keys 16kk + 2(l%4) + {0,1}), a[1] = row + 8,
 // a[2] / a[3] = the same with keys + 8 -- i.e. S columns 16 kk .. 16 kk + 15 re-packed in place.
-// kElementwise: the launch has a mask or softcap (every score goes through full_score()); a separate
-// instantiation so that the common path does not carry that code's registers.
-template <typename T, int kD, bool kElementwise>
+// kMode (each a separate instantiation, so that the common path carries none of the others' registers):
+//  kPlain     no mask, no softcap.
+//  kGeneral   softcap, or a mask whose layout the pair loads below cannot read: every score goes
+//             through full_score() after the P V product it overlaps with is done.
+//  kMaskAdd / kMaskBool  a mask (additive T / bool) without softcap, read as aligned column pairs
+//             (mask_stride[3] == 1, even element offsets: one 32-bit load per T pair, one 16-bit
+//             load per bool pair), per thread from two row pointers computed once; a tile's loads
+//             are issued before its S wgmma is waited for, so their latency hides behind the matrix
+//             products. The values added are full_score()'s, bit for bit.
+enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3 };
+
+template <typename T, int kD, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                      const int pingpong) {
+                      const int pingpong, const int n_work) {
   using Cfg = Config<kD>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
 
   extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t bars[1 + 4 * kStages];
+  __shared__ __align__(8) uint64_t bars[2 + 4 * kStages];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;
   const uint32_t sK = sQ + Cfg::kQBytes;                 // stage s at sK + s * kKVBytes
@@ -201,24 +243,51 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto bar_vfull = [&](int s) { return smem_u32(&bars[1 + kStages + s]); };
   auto bar_kempty = [&](int s) { return smem_u32(&bars[1 + 2 * kStages + s]); };
   auto bar_vempty = [&](int s) { return smem_u32(&bars[1 + 3 * kStages + s]); };
+  const uint32_t bar_qempty = smem_u32(&bars[1 + 4 * kStages]);
 
-  // Block -> (batch, query head, row tile); row tiles of one head are adjacent (K/V reuse in L2),
-  // heaviest (causal) first.
+  // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
+  // (K/V reuse in L2), heaviest (causal) first. n_work items in all: one per block unless the
+  // launch is persistent (gridDim.x < n_work), where the producer loads the next item's Q and K/V
+  // while the consumers finish the current one. The K/V ring's stage / phase and Q's phase
+  // continue across a block's items (kv_base, round). Round r of block x is item r * G + x, or
+  // r * G + G - 1 - x for odd r (G = gridDim.x; a snake, so that with causal row tiles, heaviest
+  // first within a head, a block's light and heavy items pair up); the items of one round are
+  // the same set as with one block per item in a wave (L2 reuse unchanged). Past n_work: done.
   const int n_rt = (a.seq_q + kBM - 1) / kBM;
-  const int bh = blockIdx.x / n_rt;
-  const int rt = n_rt - 1 - static_cast<int>(blockIdx.x % n_rt);
-  const int b = bh / a.heads_q, h = bh % a.heads_q;
-  const int hk = h / a.group;
-  const int row0 = rt * kBM;
-  const int len = key_length_of(a, b);
-  // key_range() works on packed rows (head-in-group * Sq + position).
-  const int g = h - hk * a.group;
-  const KeyRange kr = key_range(a, g * a.seq_q + row0, g * a.seq_q + min(row0 + kBM, a.seq_q) - 1, len);
-  const int n_tiles = (kr.n_end + kBN - 1) / kBN;
+  auto item_of = [&](int r) {
+    const int x = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
+    const int64_t w = static_cast<int64_t>(r) * G + ((r & 1) ? G - 1 - x : x);
+    return w < n_work ? static_cast<int>(w) : n_work;
+  };
+  struct Work {
+    int b, h, hk, row0, len, n_tiles;
+    KeyRange kr;
+  };
+  auto work_of = [&](int w) {
+    Work wk;
+    const int bh = w / n_rt;
+    const int rt = n_rt - 1 - w % n_rt;
+    wk.b = bh / a.heads_q;
+    wk.h = bh % a.heads_q;
+    wk.hk = wk.h / a.group;
+    wk.row0 = rt * kBM;
+    wk.len = key_length_of(a, wk.b);
+    // key_range() works on packed rows (head-in-group * Sq + position).
+    const int g = wk.h - wk.hk * a.group;
+    wk.kr = key_range(a, g * a.seq_q + wk.row0, g * a.seq_q + min(wk.row0 + kBM, a.seq_q) - 1, wk.len);
+    wk.n_tiles = (wk.kr.n_end + kBN - 1) / kBN;
+    return wk;
+  };
 
   const int tid = threadIdx.x;
   if (tid == 0) {
+    // The tensor maps (kernel parameters) into the TMA unit's descriptor cache before the first
+    // load needs them.
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_k)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_v)) : "memory");
     mbar_init(bar_q, 1);
+    mbar_init(bar_qempty, kConsumerWarps);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_kfull(s), 1);
       mbar_init(bar_vfull(s), 1);
@@ -234,22 +303,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid == 0) {
-      mbar_expect_tx(bar_q, Cfg::kQBytes);
-#pragma unroll
-      for (int c = 0; c < kRegions; ++c) tma_load_4d(sQ + c * kBM * 128, &tm_q, bar_q, c * 64, row0, h, b);
-      for (int it = 0; it < n_tiles; ++it) {
-        const int s = it % kStages;
-        const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;  // first use of a stage passes at once
-        mbar_wait(bar_kempty(s), empty_parity);
-        mbar_expect_tx(bar_kfull(s), Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < kRegions; ++c)
-          tma_load_4d(sK + s * Cfg::kKVBytes + c * kBN * 128, &tm_k, bar_kfull(s), c * 64, it * kBN, hk, b);
-        mbar_wait(bar_vempty(s), empty_parity);
-        mbar_expect_tx(bar_vfull(s), Cfg::kKVBytes);
+      int kv = 0;  // K/V tiles loaded by this block so far (ring position)
+      int round = 0;
+      for (int w = item_of(0); w < n_work; w = item_of(++round)) {
+        const Work wk = work_of(w);
+        // Q of the previous item is released by the consumers after its last S = Q K^T.
+        if (round > 0) mbar_wait(bar_qempty, (round - 1) & 1);
+        mbar_expect_tx(bar_q, Cfg::kQBytes);
 #pragma unroll
         for (int c = 0; c < kRegions; ++c)
-          tma_load_4d(sV + s * Cfg::kKVBytes + c * kBN * 128, &tm_v, bar_vfull(s), c * 64, it * kBN, hk, b);
+          tma_load_4d(sQ + c * kBM * 128, &tm_q, bar_q, c * 64, wk.row0, wk.h, wk.b);
+        for (int it = 0; it < wk.n_tiles; ++it, ++kv) {
+          const int s = kv % kStages;
+          const uint32_t empty_parity = ((kv / kStages) & 1) ^ 1;  // first use of a stage passes at once
+          mbar_wait(bar_kempty(s), empty_parity);
+          mbar_expect_tx(bar_kfull(s), Cfg::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < kRegions; ++c)
+            tma_load_4d(sK + s * Cfg::kKVBytes + c * kBN * 128, &tm_k, bar_kfull(s), c * 64, it * kBN, wk.hk, wk.b);
+          mbar_wait(bar_vempty(s), empty_parity);
+          mbar_expect_tx(bar_vfull(s), Cfg::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < kRegions; ++c)
+            tma_load_4d(sV + s * Cfg::kKVBytes + c * kBN * 128, &tm_v, bar_vfull(s), c * 64, it * kBN, wk.hk, wk.b);
+        }
       }
     }
     return;
@@ -260,246 +337,316 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1;            // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int t = tid % 128;
   const int warp = t / 32, lane = t % 32;
-  const int rbase = row0 + cw * 64 + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
+  int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of tile 0)
+  int round = 0;
+  for (int w = item_of(0); w < n_work; w = item_of(++round)) {
+    const Work wk = work_of(w);
+    const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len, n_tiles = wk.n_tiles;
+    const KeyRange kr = wk.kr;
+    const int rbase = row0 + cw * 64 + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
 
-  // Per-row contract data (two rows per thread, hh = 0 / 1). Only the key limits stay in registers
-  // through the loop; the rest is recomputed where needed (registers are the limit here).
-  auto row_info = [&](int hh) {
-    RowInfo r;
-    const int pos = rbase + hh * 8;
-    r.valid = pos < a.seq_q;
-    r.head = h;
-    r.pos = r.valid ? pos : 0;
-    int lim = len;
-    if (a.causal) lim = min(lim, r.pos + a.causal_offset + 1);
-    r.key_limit = r.valid ? max(lim, 0) : 0;
-    r.mask_off = b * a.mask_stride[0] + h * a.mask_stride[1] + r.pos * a.mask_stride[2];
-    return r;
-  };
-  const int key_limit[2] = {row_info(0).key_limit, row_info(1).key_limit};
-  constexpr bool elementwise = kElementwise;
+    // Per-row contract data (two rows per thread, hh = 0 / 1). Only the key limits stay in registers
+    // through the loop; the rest is recomputed where needed (registers are the limit here).
+    auto row_info = [&](int hh) {
+      RowInfo r;
+      const int pos = rbase + hh * 8;
+      r.valid = pos < a.seq_q;
+      r.head = h;
+      r.pos = r.valid ? pos : 0;
+      int lim = len;
+      if (a.causal) lim = min(lim, r.pos + a.causal_offset + 1);
+      r.key_limit = r.valid ? max(lim, 0) : 0;
+      r.mask_off = b * a.mask_stride[0] + h * a.mask_stride[1] + r.pos * a.mask_stride[2];
+      return r;
+    };
+    const int key_limit[2] = {row_info(0).key_limit, row_info(1).key_limit};
+    constexpr bool kElementwise = kMode == kGeneral;  // scores through full_score()
+    constexpr bool kPairMask = kMode == kMaskAdd || kMode == kMaskBool;
+    constexpr bool elementwise = kElementwise;
 
-  float o[kD / 2];
+    float o[kD / 2];
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  float alpha[2] = {1.0f, 1.0f};
-  float s[64];
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float alpha[2] = {1.0f, 1.0f};
+    float s[64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] = 0.0f;
-  using PFrag = uint32_t[kBN / 16][4];
-  PFrag p;  // P as the A operand of O += P V
+    for (int i = 0; i < 64; ++i) s[i] = 0.0f;
+    using PFrag = uint32_t[kBN / 16][4];
+    PFrag p;  // P as the A operand of O += P V
 
-  const uint32_t q_off = sQ + cw * 64 * 128;  // this warpgroup's 64 rows in each Q region
-  auto issue_qk = [&](int stage) {
-    const uint32_t kb = sK + stage * Cfg::kKVBytes;
+    const uint32_t q_off = sQ + cw * 64 * 128;  // this warpgroup's 64 rows in each Q region
+    auto issue_qk = [&](int stage) {
+      const uint32_t kb = sK + stage * Cfg::kKVBytes;
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t col = (kk % 4) * 32;
-      const uint64_t da = smem_desc(q_off + (kk / 4) * (kBM * 128) + col, 16, 1024);
-      const uint64_t db = smem_desc(kb + (kk / 4) * (kBN * 128) + col, 16, 1024);
-      mma_qk<T>(s, da, db, kk == 0 ? 0u : 1u);
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t col = (kk % 4) * 32;
+        const uint64_t da = smem_desc(q_off + (kk / 4) * (kBM * 128) + col, 16, 1024);
+        const uint64_t db = smem_desc(kb + (kk / 4) * (kBN * 128) + col, 16, 1024);
+        mma_qk<T>(s, da, db, kk == 0 ? 0u : 1u);
+      }
+    };
+    auto issue_pv = [&](int stage, const PFrag& pf) {
+      const uint32_t vb = sV + stage * Cfg::kKVBytes;
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
+    };
+    // Scores of tile `it` in the log2 domain, online softmax; s becomes exp2(s - max).
+    // Tile `it` takes the boundary path (per-key limits: causal, key_lengths, Sk) when it crosses the
+    // block's all-visible bound; a non-positive scale takes it too (the fast path folds the scale
+    // into the exponent, which needs it positive). The caller picks the variant at compile time
+    // (`boundary` is std::true_type / std::false_type) so that each variant of the loop body is one
+    // basic block, in which ptxas can overlap the exponentials with the pending P V product.
+    // Pair masks: this thread's two mask rows (byte pointers; rows out of range have key_limit 0
+    // and are never read), and the raw pairs of one tile, element e of a pair in bits [16e, 16e+16)
+    // (T) or [8e, 8e+8) (bool). A pair is read only below the row's key limit (<= Sk): one element
+    // when only the first one is; a row shared by both rows (mask_stride[2] == 0, padding masks) is
+    // read once.
+    constexpr int kMaskBytes = kMode == kMaskBool ? 1 : 2;
+    const char* mrow[2] = {nullptr, nullptr};
+    if constexpr (kPairMask) {
+      mrow[0] = static_cast<const char*>(a.mask) + row_info(0).mask_off * kMaskBytes;
+      mrow[1] = static_cast<const char*>(a.mask) + row_info(1).mask_off * kMaskBytes;
     }
-  };
-  auto issue_pv = [&](int stage, const PFrag& pf) {
-    const uint32_t vb = sV + stage * Cfg::kKVBytes;
+    const bool mask_rows_shared = a.mask_stride[2] == 0;
+    uint32_t mraw[2][kBN / 8];
+    auto load_mask = [&](int it) {
+      if constexpr (kPairMask) {
+        const int j0 = it * kBN + 2 * (lane % 4);
+        auto load_row = [&](int hh, int lim) {
+          const char* base = mrow[hh] + static_cast<int64_t>(j0) * kMaskBytes;
+          const int rem = lim - j0;  // column j0 + i * 8 (+ 1) is read when i * 8 (+ 1) < rem
+          mask_row_loads<kMaskBytes>(mraw[hh], base, rem, std::make_integer_sequence<int, kBN / 8>{});
+        };
+        if (mask_rows_shared) {
+          load_row(0, max(key_limit[0], key_limit[1]));
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
-  };
-  // Scores of tile `it` in the log2 domain, online softmax; s becomes exp2(s - max).
-  // Tile `it` takes the boundary path (per-key limits: causal, key_lengths, Sk) when it crosses the
-  // block's all-visible bound; a non-positive scale takes it too (the fast path folds the scale
-  // into the exponent, which needs it positive). The caller picks the variant at compile time
-  // (`boundary` is std::true_type / std::false_type) so that each variant of the loop body is one
-  // basic block, in which ptxas can overlap the exponentials with the pending P V product.
-  auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
-  auto softmax = [&](int it, auto boundary) {
-    constexpr bool kBoundary = decltype(boundary)::value;
-    const int n0 = it * kBN;
-    const int c0 = 2 * (lane % 4);
-    if constexpr (elementwise) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const RowInfo ri = row_info(hh);
+          for (int i = 0; i < kBN / 8; ++i) mraw[1][i] = mraw[0][i];
+        } else {
+          load_row(0, key_limit[0]);
+          load_row(1, key_limit[1]);
+        }
+      }
+    };
+    auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
+    auto softmax = [&](int it, auto boundary) {
+      constexpr bool kBoundary = decltype(boundary)::value;
+      const int n0 = it * kBN;
+      const int c0 = 2 * (lane % 4);
+      if constexpr (kPairMask) {
+        // full_score()'s arithmetic: (qk * scale [+ mask]) * log2 e, or -inf.
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
-          for (int e = 2 * hh; e < 2 * hh + 2; ++e)
-            s[i * 4 + e] = full_score<T>(a, s[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
-      }
-    } else if constexpr (kBoundary) {
+          for (int e = 0; e < 4; ++e) {
+            const int j = n0 + i * 8 + c0 + (e & 1);
+            const uint32_t raw = mraw[e >> 1][i];
+            float x = s[i * 4 + e] * a.scale;
+            bool vis = j < key_limit[e >> 1];
+            if constexpr (kMode == kMaskBool) {
+              vis = vis && ((raw >> (8 * (e & 1))) & 0xffu) != 0;
+            } else {
+              const unsigned short bits = static_cast<unsigned short>(raw >> (16 * (e & 1)));
+              if constexpr (std::is_same_v<T, __half>) x += __half2float(__ushort_as_half(bits));
+              else x += __bfloat162float(__ushort_as_bfloat16(bits));
+            }
+            s[i * 4 + e] = vis ? x * kLog2e : -INFINITY;
+          }
+      } else if constexpr (elementwise) {
 #pragma unroll
-      for (int i = 0; i < kBN / 8; ++i)
+        for (int hh = 0; hh < 2; ++hh) {
+          const RowInfo ri = row_info(hh);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = n0 + i * 8 + c0 + (e & 1);
-          s[i * 4 + e] = j < key_limit[e >> 1] ? s[i * 4 + e] * a.scale_log2 : -INFINITY;
+          for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+            for (int e = 2 * hh; e < 2 * hh + 2; ++e)
+              s[i * 4 + e] = full_score<T>(a, s[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
         }
-    }
-    // Fast tiles (positive scale) keep the raw q.k: the row max is taken on them (scaling is
-    // monotone) and the scale is folded into the exponent's FFMA.
-    const float c = (!elementwise && !kBoundary) ? a.scale_log2 : 1.0f;
+      } else if constexpr (kBoundary) {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float tmax = -INFINITY;
+        for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
-      for (int i = 0; i < kBN / 8; ++i) tmax = fmaxf(tmax, fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
-      float mx = fmaxf(m_run[hh], tmax * c);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mbase = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
-      alpha[hh] = ex2(m_run[hh] - mbase);
-      m_run[hh] = mx;
-      float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kBN / 8; ++i) {
-        s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
-        s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
-        sum0 += s[i * 4 + 2 * hh];
-        sum1 += s[i * 4 + 2 * hh + 1];
+          for (int e = 0; e < 4; ++e) {
+            const int j = n0 + i * 8 + c0 + (e & 1);
+            s[i * 4 + e] = j < key_limit[e >> 1] ? s[i * 4 + e] * a.scale_log2 : -INFINITY;
+          }
       }
-      l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
-    }
-  };
-  auto pack_into = [&](PFrag& dst) {
+      // Fast tiles (positive scale) keep the raw q.k: the row max is taken on them (scaling is
+      // monotone) and the scale is folded into the exponent's FFMA.
+      const float c = (kMode == kPlain && !kBoundary) ? a.scale_log2 : 1.0f;
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      dst[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
-      dst[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
-      dst[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
-      dst[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
-    }
-  };
-  // Keys >= key_lengths[b] inside the tile that holds that bound are real memory (TMA only
-  // zero-fills beyond Sk) and may hold anything, NaN included, in a padded cache: their P is 0, but
-  // 0 * NaN is NaN, so the two consumer warpgroups zero those V rows before using the tile
-  // (generic-proxy stores shared between them, a proxy fence for wgmma, a 256-thread barrier;
-  // both reach it for the same tile, once per block at most).
-  auto zero_v_tail = [&](int stage, int tile) {
-    const int from = len - tile * kBN;
-    if (a.key_lengths == nullptr || from <= 0 || from >= kBN) return;
-    const uint32_t vb = sV + stage * Cfg::kKVBytes;
-    for (int idx = t + 128 * cw; idx < (kBN - from) * kRegions * 8; idx += 256) {
-      const int chunk = idx % 8, rr = from + (idx / 8) % (kBN - from), reg = idx / (8 * (kBN - from));
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(vb + reg * kBN * 128 + rr * 128 + chunk * 16),
-                   "r"(0u)
-                   : "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
-  };
-  auto rescale_o = [&]() {
+      for (int hh = 0; hh < 2; ++hh) {
+        float tmax = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kD / 8; ++i) {
-      o[i * 4 + 0] *= alpha[0];
-      o[i * 4 + 1] *= alpha[0];
-      o[i * 4 + 2] *= alpha[1];
-      o[i * 4 + 3] *= alpha[1];
-    }
-  };
+        for (int i = 0; i < kBN / 8; ++i) tmax = fmaxf(tmax, fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
+        float mx = fmaxf(m_run[hh], tmax * c);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mbase = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
+        alpha[hh] = ex2(m_run[hh] - mbase);
+        m_run[hh] = mx;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i) {
+          s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
+          s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
+          sum0 += s[i * 4 + 2 * hh];
+          sum1 += s[i * 4 + 2 * hh + 1];
+        }
+        l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
+      }
+    };
+    auto pack_into = [&](PFrag& dst) {
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        dst[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+        dst[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+        dst[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+        dst[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+      }
+    };
+    // Keys >= key_lengths[b] inside the tile that holds that bound are real memory (TMA only
+    // zero-fills beyond Sk) and may hold anything, NaN included, in a padded cache: their P is 0, but
+    // 0 * NaN is NaN, so the two consumer warpgroups zero those V rows before using the tile
+    // (generic-proxy stores shared between them, a proxy fence for wgmma, a 256-thread barrier;
+    // both reach it for the same tile, once per block at most).
+    auto zero_v_tail = [&](int stage, int tile) {
+      const int from = len - tile * kBN;
+      if (a.key_lengths == nullptr || from <= 0 || from >= kBN) return;
+      const uint32_t vb = sV + stage * Cfg::kKVBytes;
+      for (int idx = t + 128 * cw; idx < (kBN - from) * kRegions * 8; idx += 256) {
+        const int chunk = idx % 8, rr = from + (idx / 8) % (kBN - from), reg = idx / (8 * (kBN - from));
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(vb + reg * kBN * 128 + rr * 128 + chunk * 16),
+                     "r"(0u)
+                     : "memory");
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    };
+    auto rescale_o = [&]() {
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        o[i * 4 + 0] *= alpha[0];
+        o[i * 4 + 1] *= alpha[0];
+        o[i * 4 + 2] *= alpha[1];
+        o[i * 4 + 3] *= alpha[1];
+      }
+    };
 
-  // Pingpong (`pingpong` != 0, FlashAttention-3's inter-warpgroup schedule): the two consumer
-  // warpgroups take turns issuing their wgmma batches -- named barrier 2 + cw is "my turn", passed
-  // by the other warpgroup right after it issued -- so one's softmax overlaps the other's products.
-  // Each warpgroup issues n_tiles + 1 batches; warpgroup 1 opens (an arrive on warpgroup 0's
-  // barrier) and skips its last pass, so every arrive is matched by exactly one sync.
-  const bool pp = pingpong != 0 && n_tiles > 0;
-  auto turn_wait = [&]() {
-    if (!pp) return;
-    if (cw == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
-    else asm volatile("bar.sync 3, 256;\n" ::: "memory");
-  };
-  auto turn_pass = [&](bool last) {
-    if (!pp) return;
-    if (cw == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-    else if (!last) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-  };
-  if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+    // Pingpong (`pingpong` != 0, FlashAttention-3's inter-warpgroup schedule): the two consumer
+    // warpgroups take turns issuing their wgmma batches -- named barrier 2 + cw is "my turn", passed
+    // by the other warpgroup right after it issued -- so one's softmax overlaps the other's products.
+    // Each warpgroup issues n_tiles + 1 batches; warpgroup 1 opens (an arrive on warpgroup 0's
+    // barrier) and skips its last pass, so every arrive is matched by exactly one sync.
+    const bool pp = pingpong != 0 && n_tiles > 0;
+    auto turn_wait = [&]() {
+      if (!pp) return;
+      if (cw == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
+      else asm volatile("bar.sync 3, 256;\n" ::: "memory");
+    };
+    auto turn_pass = [&](bool last) {
+      if (!pp) return;
+      if (cw == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+      else if (!last) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+    };
+    if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 
-  mbar_wait(bar_q, 0);
-  __syncwarp();
-  if (n_tiles > 0) {
-    // Tile 0: S(0), softmax(0), P(0).
-    mbar_wait(bar_kfull(0), 0);
+    // K/V tile `it` of this item is ring tile kv_base + it: its stage and phase parity.
+    auto stage_of = [&](int it) { return (kv_base + it) % kStages; };
+    auto parity_of = [&](int it) { return static_cast<uint32_t>(((kv_base + it) / kStages) & 1); };
+    if (n_tiles > 0) load_mask(0);
+    mbar_wait(bar_q, round & 1);
     __syncwarp();
-    turn_wait();
-    wgmma_fence();
-    issue_qk(0);
-    wgmma_commit();
-    turn_pass(false);
-    wgmma_wait<0>();
-    reg_fence(s);
-    if (lane == 0) mbar_arrive(bar_kempty(0));
-    if (!kElementwise && is_boundary(0)) softmax(0, std::true_type{});
-    else softmax(0, std::false_type{});
-    pack_into(p);
-    // Tiles 1 .. n_tiles - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
-    // S(it) only, then scores it while P(it-1) V(it-1) runs (ptxas places the wait for that
-    // product part-way through the exponentials), and the other warpgroup's batch (pingpong)
-    // keeps the tensor cores busy too.
-    auto step = [&](int it, auto boundary) {
-      const int st = it % kStages, prev = (it - 1) % kStages;
-      rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added
-      mbar_wait(bar_kfull(st), (it / kStages) & 1);
-      mbar_wait(bar_vfull(prev), ((it - 1) / kStages) & 1);
+    // Q is released (for the block's next item) after the item's last S = Q K^T.
+    if (n_tiles == 0 && lane == 0) mbar_arrive(bar_qempty);
+    if (n_tiles > 0) {
+      // Tile 0: S(0), softmax(0), P(0).
+      const int st0 = stage_of(0);
+      mbar_wait(bar_kfull(st0), parity_of(0));
       __syncwarp();
-      zero_v_tail(prev, it - 1);
       turn_wait();
       wgmma_fence();
-      issue_qk(st);
-      wgmma_commit();
-      issue_pv(prev, p);
+      issue_qk(st0);
       wgmma_commit();
       turn_pass(false);
-      wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
+      wgmma_wait<0>();
       reg_fence(s);
-      if (lane == 0) mbar_arrive(bar_kempty(st));
-      // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
-      // leaves (P(it-1) live), so that variant waits for the product first.
-      if constexpr (!kElementwise) softmax(it, boundary);
-      wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the P registers are free again
-      reg_fence(o);
-      reg_fence(p);
-      if (lane == 0) mbar_arrive(bar_vempty(prev));
-      if constexpr (kElementwise) softmax(it, boundary);
+      if (lane == 0) mbar_arrive(bar_kempty(st0));
+      if (n_tiles == 1 && lane == 0) mbar_arrive(bar_qempty);
+      if (kMode == kPlain && is_boundary(0)) softmax(0, std::true_type{});
+      else softmax(0, std::false_type{});
       pack_into(p);
-    };
-    for (int it = 1; it < n_tiles; ++it) {
-      if (!kElementwise && is_boundary(it)) step(it, std::true_type{});
-      else step(it, std::false_type{});
+      // Tiles 1 .. n_tiles - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
+      // S(it) only, then scores it while P(it-1) V(it-1) runs (ptxas places the wait for that
+      // product part-way through the exponentials), and the other warpgroup's batch (pingpong)
+      // keeps the tensor cores busy too.
+      auto step = [&](int it, auto boundary) {
+        const int st = stage_of(it), prev = stage_of(it - 1);
+        load_mask(it);  // independent of S(it): in flight while the wgmmas run
+        rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added
+        mbar_wait(bar_kfull(st), parity_of(it));
+        mbar_wait(bar_vfull(prev), parity_of(it - 1));
+        __syncwarp();
+        zero_v_tail(prev, it - 1);
+        turn_wait();
+        wgmma_fence();
+        issue_qk(st);
+        wgmma_commit();
+        issue_pv(prev, p);
+        wgmma_commit();
+        turn_pass(false);
+        wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
+        reg_fence(s);
+        if (lane == 0) mbar_arrive(bar_kempty(st));
+        if (it == n_tiles - 1 && lane == 0) mbar_arrive(bar_qempty);
+        // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
+        // leaves (P(it-1) live), so that variant waits for the product first.
+        if constexpr (!kElementwise) softmax(it, boundary);
+        wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the P registers are free again
+        reg_fence(o);
+        reg_fence(p);
+        if (lane == 0) mbar_arrive(bar_vempty(prev));
+        if constexpr (kElementwise) softmax(it, boundary);
+        pack_into(p);
+      };
+      for (int it = 1; it < n_tiles; ++it) {
+        if (kMode == kPlain && is_boundary(it)) step(it, std::true_type{});
+        else step(it, std::false_type{});
+      }
+      const int last = stage_of(n_tiles - 1);
+      rescale_o();
+      mbar_wait(bar_vfull(last), parity_of(n_tiles - 1));
+      __syncwarp();
+      zero_v_tail(last, n_tiles - 1);
+      turn_wait();
+      wgmma_fence();
+      issue_pv(last, p);
+      wgmma_commit();
+      turn_pass(true);
+      wgmma_wait<0>();
+      reg_fence(o);
     }
-    const int last = (n_tiles - 1) % kStages;
-    rescale_o();
-    mbar_wait(bar_vfull(last), ((n_tiles - 1) / kStages) & 1);
-    __syncwarp();
-    zero_v_tail(last, n_tiles - 1);
-    turn_wait();
-    wgmma_fence();
-    issue_pv(last, p);
-    wgmma_commit();
-    turn_pass(true);
-    wgmma_wait<0>();
-    reg_fence(o);
-  }
 
-  // Epilogue: row sums across the quad, normalize, store (fully masked rows: l = 0 -> 0).
+    // Epilogue: row sums across the quad, normalize, store (fully masked rows: l = 0 -> 0).
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float l = l_run[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const RowInfo ri = row_info(hh);
-    if (!ri.valid) continue;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + h * a.y_stride[1] + ri.pos * a.y_stride[2];
+    for (int hh = 0; hh < 2; ++hh) {
+      float l = l_run[hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const RowInfo ri = row_info(hh);
+      if (!ri.valid) continue;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + h * a.y_stride[1] + ri.pos * a.y_stride[2];
 #pragma unroll
-    for (int i = 0; i < kD / 8; ++i) {
-      const int c = i * 8 + 2 * (lane % 4);
-      if (c < a.head_dim_v)
-        store_pair<T>(yrow + c, o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv, c + 1 < a.head_dim_v,
-                      a.vec_store != 0);
+      for (int i = 0; i < kD / 8; ++i) {
+        const int c = i * 8 + 2 * (lane % 4);
+        if (c < a.head_dim_v)
+          store_pair<T>(yrow + c, o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv, c + 1 < a.head_dim_v,
+                        a.vec_store != 0);
+      }
     }
-  }
+    kv_base += n_tiles;
+  }  // work items
 }
 
 }  // namespace hopper
@@ -510,9 +657,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool hopper_encode_map(CUtensorMap* map, const void* base, bool bf16, int64_t cols, int64_t rows, int64_t heads,
                        int64_t batch, const int64_t strides[3], int box_rows);
 
+// Which instantiation (hopper::Mode) a launch takes. Pair masks need mask_stride[3] == 1 and every
+// element offset of a pair even (each stride even, the base aligned to a pair); anything else with
+// a mask, and softcap, take kGeneral. OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0 sends masks to kGeneral too.
+inline int hopper_mode(const KernelArgs& a) {
+  if (a.mask_kind == 0 && !(a.softcap > 0.0f)) return hopper::kPlain;
+  if (a.mask_kind == 0 || a.softcap > 0.0f) return hopper::kGeneral;
+  const char* env = std::getenv("OPSFUSE_CUDA_HOPPER_MASK_PAIRS");
+  if (env != nullptr && env[0] == '0') return hopper::kGeneral;
+  const int64_t pair_bytes = a.mask_kind == 1 ? 2 : 4;
+  bool ok = a.mask_stride[3] == 1 && reinterpret_cast<uintptr_t>(a.mask) % pair_bytes == 0;
+  for (int i = 0; i < 3; ++i) ok = ok && a.mask_stride[i] % 2 == 0;
+  if (!ok) return hopper::kGeneral;
+  return a.mask_kind == 1 ? hopper::kMaskBool : hopper::kMaskAdd;
+}
+
 template <typename T, int kD>
 cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  (void)plan;
   using Cfg = hopper::Config<kD>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   CUtensorMap tq, tk, tv;
@@ -520,16 +681,22 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, hopper::kBN) ||
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, hopper::kBN))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
-  static int smem_done[2][64] = {};
-  const bool elementwise = a.mask_kind != 0 || a.softcap > 0.0f;
-  auto kernel = elementwise ? hopper::hopper_fwd_kernel<T, kD, true> : hopper::hopper_fwd_kernel<T, kD, false>;
-  cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done[elementwise ? 1 : 0]);
+  static int smem_done[4][64] = {};
+  const int mode = hopper_mode(a);
+  auto kernel = mode == hopper::kPlain     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
+                : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
+                : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
+                                            : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
+  cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done[mode]);
   if (err != cudaSuccess) return err;
   const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
+  // Persistent (plan.persistent > 0, choose_plan): that many blocks loop over the row tiles.
+  const int64_t grid = plan.persistent > 0 ? std::min<int64_t>(blocks, plan.persistent) : blocks;
   // OPSFUSE_CUDA_HOPPER_PINGPONG=0 turns the inter-warpgroup schedule off (to measure it).
   const char* pp_env = std::getenv("OPSFUSE_CUDA_HOPPER_PINGPONG");
   const int pingpong = pp_env != nullptr && pp_env[0] == '0' ? 0 : 1;
-  kernel<<<static_cast<unsigned>(blocks), hopper::kThreads, Cfg::kSmem, stream>>>(a, tq, tk, tv, pingpong);
+  kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(a, tq, tk, tv, pingpong,
+                                                                               static_cast<int>(blocks));
   return cudaGetLastError();
 }
 

@@ -9,7 +9,7 @@
 // OPSFUSE_CUDA_DISABLE_HOPPER=1 (the portable kernel; the first run sets OPSFUSE_CUDA_FORCE_HOPPER=1
 // so that small grids take the Hopper kernel too); both against the reference, and on a 9.0
 // device with the Hopper objects built in, the first run must really have taken the Hopper kernel.
-// `--bench`: kernel time of the prefill grid with the Hopper kernel on and off (CUDA events).
+// `--bench`: kernel times with the Hopper kernel as chosen, its A/B alternative, and off (run_bench).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -48,8 +48,10 @@ struct Case {
   int causal;
   float softcap;
   MaskKind mask;
-  int mask_rank;  // 2: (Sq, Sk); 4: (B, 1, Sq, Sk)
+  int mask_rank;  // 2: (Sq, Sk); 4: (B, 1, Sq, Sk); 1: (B, 1, 1, Sk) (a padding mask)
   int key_lengths;  // 0 none, 32 or 64 bits
+  int persist = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_PERSISTENT=1 (a persistent grid also where
+                    // choose_plan keeps one block per tile: key_lengths)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -93,6 +95,8 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream) {
   if (c.mask != MaskKind::kNone) {
     if (c.mask_rank == 2) {
       ms[2] = c.Sk, ms[3] = 1, nm = size_t(c.Sq) * c.Sk;
+    } else if (c.mask_rank == 1) {
+      ms[0] = c.Sk, ms[3] = 1, nm = size_t(c.B) * c.Sk;
     } else {
       ms[0] = int64_t(c.Sq) * c.Sk, ms[2] = c.Sk, ms[3] = 1, nm = size_t(c.B) * c.Sq * c.Sk;
     }
@@ -230,7 +234,9 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
     if (pass == 0) {
       unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
+      if (c.persist) setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
     } else {
+      unsetenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
     }
@@ -249,15 +255,23 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   return ok;
 }
 
-// --bench: bf16 prefill, D = 128, kernel time with the Hopper kernel on and off.
+// --bench: kernel time (CUDA events, constant inputs) of the prefill grid (bf16, D = 128), the seed
+// shapes (f16, D = 64) and BERT-base attention with HF's expanded (B,1,S,S) additive mask, each
+// with the Hopper kernel as chosen ("hopper"), its alternative ("alt": persistent grid off for
+// launches without a mask, or the Hopper kernel forced on small grids; masks through the general
+// scoring), without the inter-warpgroup pingpong, and off.
 int run_bench(cudaStream_t stream) {
-  struct B { int b, h, s, causal; };
-  const B grid[] = {{8, 16, 1024, 0}, {8, 16, 4096, 0}, {2, 16, 16384, 0},
-                    {8, 16, 1024, 1}, {8, 16, 4096, 1}, {2, 16, 16384, 1}};
-  const int D = 128;
+  struct B { DType dt; int b, h, s, d, causal, mask; };  // mask: 0 none, 1 additive (B,1,S,S), 2 bool (B,1,1,S)
+  const DType BF = DType::kBFloat16, H = DType::kFloat16;
+  const B grid[] = {{BF, 8, 16, 1024, 128, 0, 0}, {BF, 8, 16, 4096, 128, 0, 0}, {BF, 2, 16, 16384, 128, 0, 0},
+                    {BF, 8, 16, 1024, 128, 1, 0}, {BF, 8, 16, 4096, 128, 1, 0}, {BF, 2, 16, 16384, 128, 1, 0},
+                    {H, 1, 12, 512, 64, 0, 0},    {H, 1, 12, 1024, 64, 0, 0},   {H, 1, 12, 2048, 64, 0, 0},
+                    {H, 8, 12, 128, 64, 0, 1},
+                    {H, 8, 12, 512, 64, 0, 1},    {H, 8, 12, 512, 64, 0, 0},    {H, 8, 12, 512, 64, 0, 2}};
   for (const B& g : grid) {
+    const int D = g.d;
     const size_t n = size_t(g.b) * g.h * g.s * D;
-    void *q, *k, *v, *y;
+    void *q, *k, *v, *y, *m = nullptr;
     CHECK_CUDA(cudaMalloc(&q, n * 2));
     CHECK_CUDA(cudaMalloc(&k, n * 2));
     CHECK_CUDA(cudaMalloc(&v, n * 2));
@@ -267,24 +281,50 @@ int run_bench(cudaStream_t stream) {
     CHECK_CUDA(cudaMemset(v, 0x3d, n * 2));
     AttentionParams p;
     p.q = q, p.k = k, p.v = v, p.y = y;
-    p.dtype = DType::kBFloat16;
+    p.dtype = g.dt;
     p.batch = g.b, p.heads_q = g.h, p.heads_kv = g.h, p.seq_q = g.s, p.seq_k = g.s, p.head_dim = D, p.head_dim_v = D;
     const int64_t st[3] = {int64_t(g.h) * g.s * D, int64_t(g.s) * D, D};
     for (int i = 0; i < 3; ++i) p.q_stride[i] = p.k_stride[i] = p.v_stride[i] = p.y_stride[i] = st[i];
+    if (g.mask == 1) {  // zeros: every key visible, the mask still read
+      CHECK_CUDA(cudaMalloc(&m, size_t(g.b) * g.s * g.s * 2));
+      CHECK_CUDA(cudaMemset(m, 0, size_t(g.b) * g.s * g.s * 2));
+      p.mask_kind = MaskKind::kAdditive;
+      p.mask_stride[0] = int64_t(g.s) * g.s, p.mask_stride[1] = 0, p.mask_stride[2] = g.s, p.mask_stride[3] = 1;
+    } else if (g.mask == 2) {
+      CHECK_CUDA(cudaMalloc(&m, size_t(g.b) * g.s));
+      CHECK_CUDA(cudaMemset(m, 1, size_t(g.b) * g.s));
+      p.mask_kind = MaskKind::kBool;
+      p.mask_stride[0] = g.s, p.mask_stride[1] = 0, p.mask_stride[2] = 0, p.mask_stride[3] = 1;
+    }
+    p.mask = m;
     p.scale = 1.0f / std::sqrt(float(D));
     p.is_causal = g.causal;
     const double flops = 4.0 * g.b * g.h * double(g.s) * g.s * D * (g.causal ? 0.5 : 1.0);
-    std::printf("bench bf16 D=128 B=%d H=%d S=%d causal=%d:", g.b, g.h, g.s, g.causal);
-    for (int pass = 0; pass < 2; ++pass) {
-      if (pass == 0) unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
-      else setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
+    std::printf("bench %s D=%d B=%d H=%d S=%d causal=%d mask=%s:", g.dt == BF ? "bf16" : "f16", D, g.b, g.h, g.s,
+                g.causal, g.mask == 1 ? "add(B,1,S,S)" : (g.mask == 2 ? "bool(B,1,1,S)" : "none"));
+    // Small grids (e.g. seed S=512: 48 blocks, where the portable plan splits the keys and the
+    // launcher keeps it): the alternative is the Hopper kernel forced.
+    const bool small = int64_t(g.b) * g.h * ((g.s + 127) / 128) * 2 <= 132;
+    const char* alt_env = g.mask ? "OPSFUSE_CUDA_HOPPER_MASK_PAIRS"
+                                 : (small ? "OPSFUSE_CUDA_FORCE_HOPPER" : "OPSFUSE_CUDA_HOPPER_PERSISTENT");
+    const char* alt_val = small && !g.mask ? "1" : "0";
+    for (int pass = 0; pass < 4; ++pass) {
+      if (pass == 1) setenv(alt_env, alt_val, 1);
+      if (pass == 2) {
+        unsetenv(alt_env);
+        setenv("OPSFUSE_CUDA_HOPPER_PINGPONG", "0", 1);
+      }
+      if (pass == 3) {
+        unsetenv("OPSFUSE_CUDA_HOPPER_PINGPONG");
+        setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
+      }
       const size_t wsb = opsfuse::cuda::workspace_size(p);
       void* ws = nullptr;
       if (wsb) CHECK_CUDA(cudaMalloc(&ws, wsb));
       cudaEvent_t e0, e1;
       CHECK_CUDA(cudaEventCreate(&e0));
       CHECK_CUDA(cudaEventCreate(&e1));
-      const int iters = g.s >= 16384 ? 5 : 20;
+      const int iters = g.s >= 16384 ? 5 : (g.s <= 1024 ? 50 : 20);
       bool ok = opsfuse::cuda::launch(p, ws, wsb, stream) == opsfuse::Status::kOk;  // warm-up
       const int kind = opsfuse::cuda::detail::last_launch_kind();
       CHECK_CUDA(cudaEventRecord(e0, stream));
@@ -294,10 +334,9 @@ int run_bench(cudaStream_t stream) {
       float ms = 0;
       CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
       const double us = 1000.0 * ms / iters;
-      if (ok) std::printf("  %s(kind %d) %.1f us %.0f TFLOP/s", pass == 0 ? "hopper-on " : "hopper-off ", kind, us,
-                          flops / us * 1e-6);
-      else std::printf("  %s launch failed: %s", pass == 0 ? "hopper-on" : "hopper-off",
-                       opsfuse::cuda::last_error_message());
+      const char* label = pass == 0 ? "hopper" : (pass == 1 ? "alt" : (pass == 2 ? "no-pingpong" : "portable"));
+      if (ok) std::printf("  %s(kind %d) %.1f us %.0f TFLOP/s", label, kind, us, flops / us * 1e-6);
+      else std::printf("  %s launch failed: %s", label, opsfuse::cuda::last_error_message());
       CHECK_CUDA(cudaEventDestroy(e0));
       CHECK_CUDA(cudaEventDestroy(e1));
       if (ws) CHECK_CUDA(cudaFree(ws));
@@ -308,6 +347,7 @@ int run_bench(cudaStream_t stream) {
     CHECK_CUDA(cudaFree(k));
     CHECK_CUDA(cudaFree(v));
     CHECK_CUDA(cudaFree(y));
+    if (m) CHECK_CUDA(cudaFree(m));
   }
   return 0;
 }
@@ -347,6 +387,22 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 causal1 1000x1000", BF, 1, 2, 2, 1000, 1000, 128, 128, 1, 0.f, N, 0, 0},
       {"hop f16 d40/80 causal2 gqa2", H, 2, 4, 2, 150, 333, 40, 80, 2, 0.f, N, 0, 0},
       {"hop bf16 d96 addmask softcap", BF, 1, 3, 1, 260, 200, 96, 96, 1, 20.f, MA, 4, 0},
+      // Masks read as column pairs (even Sk, no softcap): (B,1,S,S) additive as HF exports BERT's,
+      // (B,1,1,Sk) bool padding masks (one row read for both rows of a thread) with odd key
+      // lengths (a pair's second key past the limit: one element read), (Sq,Sk) additive causal 2.
+      {"hop f16 d128 addmask B1SS", H, 2, 3, 3, 200, 300, 128, 128, 0, 0.f, MA, 4, 0},
+      {"hop bf16 d64 boolpad causal1 kl32", BF, 3, 2, 2, 260, 260, 64, 64, 1, 0.f, MB, 1, 32},
+      {"hop f16 d64 addmask causal2 gqa2", H, 1, 4, 2, 100, 258, 64, 64, 2, 0.f, MA, 2, 0},
+      {"hop bf16 d128 boolmask B1SS kl64", BF, 2, 2, 1, 130, 390, 128, 128, 0, 0.f, MB, 4, 64},
+      // Persistent grids: more row tiles (144, 150, 140, 144) than an H100/H200 has
+      // multiprocessors (132), the blocks loop over several tiles each; as choose_plan decides
+      // (non-causal with a pair mask and GQA 3; causal with 4 row tiles per head and a bool
+      // padding mask), and forced (causal 2 with Sq > Sk: tiles without any key, i.e. zero K/V
+      // tiles, and key_lengths 0 for batch 0; causal 1 with 5 row tiles per head).
+      {"hop f16 d64 persistent addmask gqa3", H, 2, 9, 3, 1000, 300, 64, 64, 0, 0.f, MA, 2, 0},
+      {"hop bf16 d128 persistent causal2 kl32", BF, 3, 10, 5, 600, 400, 128, 128, 2, 0.f, N, 0, 32, 1},
+      {"hop f16 d128 persistent causal1 gqa2", H, 2, 14, 7, 520, 520, 128, 128, 1, 0.f, N, 0, 0, 1},
+      {"hop bf16 d64 persistent causal1 Sq512", BF, 2, 18, 6, 512, 512, 64, 64, 1, 0.f, MB, 1, 0},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
