@@ -625,6 +625,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       turn_pass(true);
       wgmma_wait<0>();
       reg_fence(o);
+      // The last tile's V stage goes back to the producer too: with a persistent grid the ring
+      // continues into the block's next item, whose producer waits for this stage's release when
+      // the ring comes round to it (kStages tiles later); without this arrive it waits forever.
+      if (lane == 0) mbar_arrive(bar_vempty(last));
     }
 
     // Epilogue: row sums across the quad, normalize, store (fully masked rows: l = 0 -> 0).

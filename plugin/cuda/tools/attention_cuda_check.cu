@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -229,6 +230,8 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream) {
 bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hopper_expected) {
   bool ok = true;
   int kinds[2] = {-1, -1};
+  const char* pe = std::getenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
+  const std::string persist_env = pe != nullptr ? pe : "";
   for (int pass = 0; pass < 2; ++pass) {
     // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
     if (pass == 0) {
@@ -236,7 +239,12 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
       if (c.persist) setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
     } else {
-      unsetenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
+      // Back to the environment's own value: an OPSFUSE_CUDA_HOPPER_PERSISTENT given by the caller
+      // (A/B runs) holds for every later case too.
+      if (c.persist) {
+        if (persist_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
+        else setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", persist_env.c_str(), 1);
+      }
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
     }
