@@ -10,6 +10,9 @@ from .. import contract
 
 PLUGIN_VERSION_ATTR = "plugin_version"
 PLUGIN_NAMESPACE_ATTR = "plugin_namespace"
+# The 3-D form's head counts (docs/notes/contract_3d_form.md).
+ATTR_Q_NUM_HEADS = getattr(contract, "ATTR_Q_NUM_HEADS", "q_num_heads")
+ATTR_KV_NUM_HEADS = getattr(contract, "ATTR_KV_NUM_HEADS", "kv_num_heads")
 
 
 def base_name(*nodes: ir.Node) -> str:
@@ -96,8 +99,10 @@ def combine_masks(new_nodes: list, terms, dtype: ir.DataType, base: str) -> ir.V
 
 
 def fused_attention(new_nodes: list, q, k, v, mask, key_lengths, *, scale: float | None, is_causal: int,
-                    softcap: float, name: str, like: ir.Value | None = None) -> ir.Node:
-    """Appends the com.opsfuse::FusedAttention node; its output copies `like`'s type and shape."""
+                    softcap: float, name: str, like: ir.Value | None = None,
+                    heads: tuple[int, int] | None = None) -> ir.Node:
+    """Appends the com.opsfuse::FusedAttention node; its output copies `like`'s type and shape.
+    `heads` = (Hq, Hkv) for the 3-D form (Q, K, V given as (B, S, H*D))."""
     inputs = [q, k, v, mask, key_lengths]
     while inputs and inputs[-1] is None:
         inputs.pop()
@@ -106,6 +111,9 @@ def fused_attention(new_nodes: list, q, k, v, mask, key_lengths, *, scale: float
         attrs.append(_attr(contract.ATTR_SCALE, float(np.float32(scale))))
     attrs.append(_attr(contract.ATTR_IS_CAUSAL, int(is_causal)))
     attrs.append(_attr(contract.ATTR_SOFTCAP, float(softcap)))
+    if heads is not None:
+        attrs.append(_attr(ATTR_Q_NUM_HEADS, int(heads[0])))
+        attrs.append(_attr(ATTR_KV_NUM_HEADS, int(heads[1])))
     attrs.append(_attr(PLUGIN_VERSION_ATTR, contract.TRT_PLUGIN_VERSION))
     attrs.append(_attr(PLUGIN_NAMESPACE_ATTR, contract.TRT_PLUGIN_NAMESPACE))
     n = ir.Node(contract.DOMAIN, contract.OP_NAME, inputs, attrs, name=name)

@@ -17,6 +17,11 @@ The form every exporter produces for eager attention, and TorchScript exports of
   and ``Cast`` chains (half-precision models that run softmax in float32).
 - GQA / MQA: repeat-kv before the MatMuls is absorbed (see ``layout.py``); a K/V with one head
   broadcast by MatMul is MQA.
+- Layout: when Q, K and V are (B, S, H*D) projections split by Reshape + Transpose(0, 2, 1, 3) and
+  the output is merged back by Transpose(0, 2, 1, 3) + Reshape (B, S, H*Dv), the fused node takes
+  FusedAttention's 3-D form: it reads the projections, its output replaces the final Reshape's, and
+  the layout ops with their shape arithmetic leave the graph (``layout.split_heads``,
+  ``layout.merge_heads``). Otherwise the 4-D form, with the reason in the details.
 
 Exactness decisions (each rejection below is a stated reason in the report):
 
@@ -69,7 +74,7 @@ from .ir_utils import (
     transpose_perm,
     widening_or_same,
 )
-from .layout import unrepeat_kv
+from .layout import merge_heads, split_heads, unrepeat_kv
 from .shape_info import rank, same_dim
 
 NAME = "sdpa_subgraph"
@@ -133,6 +138,21 @@ class Plan:
     rank3: bool = False  # bmm form (N, S, D): lifted to (1, N, S, D) around the fused node
     opset: int = 17
     upcast_qk: bool = False  # Q and K are read through Cast(to=dtype)
+    three_d: ThreeD | None = None  # the 3-D form applies: read the (B, S, H*D) projections
+    three_d_why_not: str = ""  # else why the 4-D form is emitted
+
+
+@dataclasses.dataclass
+class ThreeD:
+    """FusedAttention's 3-D form: Q (B, Sq, Hq*D), K (B, Sk, Hkv*D), V (B, Sk, Hkv*Dv), and its
+    output (B, Sq, Hq*Dv) replaces `out_reshape`'s output."""
+
+    q: ir.Value
+    k: ir.Value
+    v: ir.Value
+    q_heads: int
+    kv_heads: int
+    out_reshape: ir.Node
 
 
 # --------------------------------------------------------------------------------------------
@@ -522,8 +542,42 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         k, k_perm = kt, SWAP_LAST  # K^T came through something else: transpose it back explicitly
     if upcast_qk and n_rep > 1:  # V was not widened through the repeat: keep the repeated tensors
         k, v, n_rep = m.k_base, m.v, 1
-    return Plan(k=k, k_perm=None if is_identity_perm(k_perm) else k_perm, v=v, n_rep=n_rep, dtype=t, opset=opset,
+    plan = Plan(k=k, k_perm=None if is_identity_perm(k_perm) else k_perm, v=v, n_rep=n_rep, dtype=t, opset=opset,
                 upcast_qk=upcast_qk)
+    plan.three_d, plan.three_d_why_not = _three_d(m, plan, shapes)
+    return plan
+
+
+def _three_d(m: Match, plan: Plan, shapes: dict) -> tuple[ThreeD | None, str]:
+    """The 3-D form when Q, K and V are each Transpose(Reshape(x, (B, S, H, D)), (0, 2, 1, 3)) of a
+    projection x (B, S, H*D) and the output goes Transpose(0, 2, 1, 3) -> Reshape (B, S, H*Dv) (see
+    layout.split_heads / merge_heads); else (None, why the 4-D form is kept)."""
+    q = split_heads(m.q, None, shapes)
+    if q is None:
+        return None, "Q is not a (B, S, H*D) tensor split into heads by Reshape + Transpose(0, 2, 1, 3)"
+    k = split_heads(plan.k, plan.k_perm, shapes)
+    if k is None:
+        return None, "K is not a (B, S, H*D) tensor split into heads by Reshape + Transpose"
+    v = split_heads(plan.v, None, shapes)
+    if v is None:
+        return None, "V is not a (B, S, H*Dv) tensor split into heads by Reshape + Transpose(0, 2, 1, 3)"
+    if k.heads != v.heads:
+        return None, f"K and V are split into {k.heads} and {v.heads} heads"
+    if q.head_dim != k.head_dim:
+        return None, f"Q and K head sizes differ ({q.head_dim}, {k.head_dim})"
+    if q.heads % k.heads:
+        return None, f"{q.heads} query heads are not a multiple of {k.heads} key/value heads"
+    if plan.n_rep > 1 and q.heads != k.heads * plan.n_rep:
+        return None, f"repeat-kv factor {plan.n_rep} does not match {q.heads} query / {k.heads} key/value heads"
+    if plan.n_rep == 1 and k.heads not in (q.heads, 1):
+        return None, f"{q.heads} query heads but {k.heads} key/value heads without a repeat"
+    reshape, why = merge_heads(m.pv.outputs[0], shapes)
+    if reshape is None:
+        return None, why
+    st = shapes.get(reshape.inputs[0].name)
+    if st is None or st[2] != q.heads or st[3] != v.head_dim:
+        return None, "the output Reshape does not merge Q's heads"
+    return ThreeD(q.x, k.x, v.x, q.heads, k.heads, reshape), ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,25 +591,31 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
     base = emit.base_name(m.softmax, m.qk)
     new_nodes: list[ir.Node] = []
     q, k, v = m.q, plan.k, plan.v
+    three = plan.three_d
+    if three is not None:
+        q, k, v = three.q, three.k, three.v
     if plan.upcast_qk:
         q = emit.node(new_nodes, "Cast", [q], {"to": int(plan.dtype)}, f"{base}/Q_cast")
         k = emit.node(new_nodes, "Cast", [k], {"to": int(plan.dtype)}, f"{base}/K_cast")
     if plan.rank3:
         q, k, v = (emit.unsqueeze0(new_nodes, x, plan.opset, f"{base}/{n}_lift") for x, n in ((q, "Q"), (k, "K"), (v, "V")))
-    if plan.k_perm is not None:
+    if plan.k_perm is not None and three is None:
         k = emit.node(new_nodes, "Transpose", [k], {"perm": list(plan.k_perm)}, f"{base}/K_transpose")
     mask = emit.combine_masks(new_nodes, m.masks, plan.dtype, base)
-    y_old = m.pv.outputs[0]
+    # The 3-D form's output replaces the final Reshape's: the Transpose and Reshape after the
+    # attention, and those that split Q, K and V, become dead (with their shape arithmetic).
+    y_old = three.out_reshape.outputs[0] if three is not None else m.pv.outputs[0]
     fused = emit.fused_attention(
         new_nodes, q, k, v, mask, None, scale=m.scale, is_causal=0, softcap=m.softcap,
         name=f"{base}/FusedAttention", like=None if plan.rank3 else y_old,
+        heads=(three.q_heads, three.kv_heads) if three is not None else None,
     )
     y = fused.outputs[0]
     if plan.rank3:
         y = emit.squeeze0(new_nodes, y, plan.opset, f"{base}/Y_unlift")
     graph.insert_before(m.pv, new_nodes)
     emit.replace_output(graph, y_old, y)
-    emit.remove_dead(graph, [m.pv])
+    emit.remove_dead(graph, [three.out_reshape] if three is not None else [m.pv])
     return fused
 
 
@@ -571,4 +631,6 @@ def details(match: Match, plan: Plan) -> dict:
         "nan_guard": match.nan_guard,
         "batched_matmul_3d": plan.rank3,
         "qk_widened_to": str(plan.dtype) if plan.upcast_qk else "",
+        "three_d": plan.three_d is not None,
+        "three_d_why_not": "" if plan.three_d is not None or plan.rank3 else plan.three_d_why_not,
     }

@@ -237,3 +237,100 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict | None = None
                 arr[..., 0] = 0.0
             feeds[vi.name] = arr.astype(helper.tensor_dtype_to_np_dtype(elem))
     return feeds
+
+
+def projected_model(*, B=2, S=5, Sk=None, Hq=3, Hkv=None, D=8, Dv=None, shape_style="const", k_style="direct",
+                    mask=None, repeat_kv=False, out_consumer=None, q_reshape_used=False, out_reshape="merge",
+                    dtype=F32, dynamic=False) -> onnx.ModelProto:
+    """An exporter's attention layer on projections: xq (B, S, Hq*D), xk (B, Sk, Hkv*D), xv (B, Sk, Hkv*Dv)
+    -> Reshape (B, S, H, D) -> Transpose(0, 2, 1, 3) -> attention -> Transpose(0, 2, 1, 3) -> Reshape
+    (B, S, Hq*Dv) -> y.
+
+    shape_style: const (0, 0, H, D) | minus1 (0, 0, -1, D) | shape_of (Concat of Shape/Gather, as the
+        TorchScript exporter writes, with -1) | static (B, S, H, D) | input (a graph-input shape tensor)
+    k_style: direct (Transpose(0, 2, 3, 1) of the BSHD tensor) | two (Transpose(0, 2, 1, 3), then (0, 1, 3, 2))
+    mask: None | pad (B, 1, 1, Sk) additive | expand (that mask Expanded to (B, 1, S, Sk) first) |
+        expand_where (a bool (B, 1, 1, Sk) mask, Expanded, then Where(m, 0, finfo.min)) |
+        and_range (bool padding mask AND (Range(Sq) >= 0), Expanded, Where: transformers' mask builder) |
+        and_unknown (the same with an AND term that is not provably all True)
+    out_consumer: None | graph_output (the transposed output is also a graph output)
+    out_reshape: merge (B, S, Hq*Dv) | wrong (B, S*Hq, Dv)
+    dynamic: the inputs' batch and sequence dims are symbols ("batch", "seq", "kv_seq")
+    """
+    Hkv = Hkv or Hq
+    Sk = Sk or S
+    Dv = Dv or D
+    np_t = np.float16 if dtype == F16 else np.float32
+    g = G(17)
+    b_dim, s_dim, sk_dim = ("batch", "seq", "kv_seq") if dynamic else (B, S, Sk)
+    xq = g.inp("xq", dtype, [b_dim, s_dim, Hq * D])
+    xk = g.inp("xk", dtype, [b_dim, sk_dim, Hkv * D])
+    xv = g.inp("xv", dtype, [b_dim, sk_dim, Hkv * Dv])
+    shape_input = g.inp("split_shape", TensorProto.INT64, [4]) if shape_style == "input" else None
+
+    def split(x, heads, dim, seq):
+        if shape_style == "const":
+            shape = g.const([0, 0, heads, dim], np.int64)
+        elif shape_style == "minus1":
+            shape = g.const([0, 0, -1, dim], np.int64)
+        elif shape_style == "static":
+            shape = g.const([B, seq, heads, dim], np.int64)
+        elif shape_style == "input":
+            shape = shape_input
+        else:
+            sh = g.op("Shape", x)
+            b = g.op("Unsqueeze", g.op("Gather", sh, g.const(0, np.int64), axis=0), g.const([0], np.int64))
+            s = g.op("Unsqueeze", g.op("Gather", sh, g.const(1, np.int64), axis=0), g.const([0], np.int64))
+            shape = g.op("Concat", b, s, g.const([-1], np.int64), g.const([dim], np.int64), axis=0)
+        return g.op("Reshape", x, shape)
+
+    rq = split(xq, Hq, D, S)
+    if q_reshape_used:
+        g.out(rq, dtype, [b_dim, s_dim, Hq, D])
+    q = g.op("Transpose", rq, perm=[0, 2, 1, 3])
+    rk = split(xk, Hkv, D, Sk)
+    v = g.op("Transpose", split(xv, Hkv, Dv, Sk), perm=[0, 2, 1, 3])
+    if repeat_kv:  # Hugging Face's repeat_kv on K (B, Hkv, Sk, D) and V, then K^T
+        rep = Hq // Hkv
+        outs = []
+        for x, last in ((g.op("Transpose", rk, perm=[0, 2, 1, 3]), D), (v, Dv)):
+            x = g.op("Unsqueeze", x, g.const([2], np.int64))
+            x = g.op("Expand", x, g.const([B, Hkv, rep, Sk, last], np.int64))
+            outs.append(g.op("Reshape", x, g.const([B, Hq, Sk, last], np.int64)))
+        kt = g.op("Transpose", outs[0], perm=[0, 1, 3, 2])
+        v = outs[1]
+    elif k_style == "direct":
+        kt = g.op("Transpose", rk, perm=[0, 2, 3, 1])
+    else:
+        kt = g.op("Transpose", g.op("Transpose", rk, perm=[0, 2, 1, 3]), perm=[0, 1, 3, 2])
+    s = g.op("MatMul", q, kt, name="/attn/MatMul_qk")
+    s = g.op("Mul", s, g.const(1.0 / np.sqrt(D), np_t))
+    if mask is not None:
+        full = g.const([B, 1, S, Sk], np.int64)
+        if mask == "pad":
+            m = g.inp("pad", dtype, [B, 1, 1, Sk])
+        elif mask == "expand":
+            m = g.op("Expand", g.inp("pad", dtype, [B, 1, 1, Sk]), full)
+        else:
+            visible = g.inp("visible", TensorProto.BOOL, [B, 1, 1, Sk])
+            if mask in ("and_range", "and_unknown"):
+                rng = g.op("Range", g.const(0, np.int64), g.const(S, np.int64), g.const(1, np.int64))
+                idx = g.op("Unsqueeze", rng, g.const([0, 1, 3], np.int64))  # (1, 1, S, 1)
+                low = 0 if mask == "and_range" else 2
+                term = g.op("GreaterOrEqual", idx, g.const(low, np.int64))
+                visible = g.op("And", g.op("And", g.op("ConstantOfShape", g.const([], np.int64),
+                                                        value=helper.make_tensor("v", TensorProto.BOOL, [1], [True])),
+                                           term), visible)
+            m = g.op("Where", g.op("Expand", visible, full), g.const(0.0, np_t),
+                     g.const(np.finfo(np.float32).min if dtype == F32 else np.finfo(np.float16).min, np_t))
+        s = g.op("Add", s, m)
+    p = g.op("Softmax", s, axis=-1, name="/attn/Softmax")
+    y4 = g.op("MatMul", p, v, name="/attn/MatMul_pv")
+    t = g.op("Transpose", y4, perm=[0, 2, 1, 3])
+    if out_consumer == "graph_output":
+        g.out(t, dtype, [b_dim, s_dim, Hq, Dv])
+    target = [0, 0, Hq * Dv] if out_reshape == "merge" else [B, S * Hq, Dv]
+    g.op("Reshape", t, g.const(target, np.int64))
+    g.nodes[-1].output[0] = "y"
+    g.out("y", dtype, [b_dim, s_dim, Hq * Dv] if out_reshape == "merge" else [B, S * Hq, Dv])
+    return g.model()
