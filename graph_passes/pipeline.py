@@ -8,7 +8,7 @@ import onnx
 import onnx_ir as ir
 
 from .. import contract
-from . import onnx_attention, sdpa_subgraph
+from . import mask_broadcast, onnx_attention, sdpa_subgraph
 from .report import Candidate, Report
 from .sdpa_subgraph import Reject
 from .shape_info import infer_shapes
@@ -37,6 +37,7 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES) -
         report.seconds = time.perf_counter() - start
         return dict(report.counts)
     shapes = infer_shapes(model)
+    fused_nodes: list[ir.Node] = []
     for rule in passes:
         count = 0
         for node in list(graph):
@@ -54,11 +55,17 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES) -
                 if exc.nodes:
                     cand.nodes = list(exc.nodes)
                 continue
+            fused_nodes.append(fused)
             cand.fused = True
             cand.fused_node = fused.name
             cand.details = rule.details(match, plan)
             count += 1
         report.counts[rule.NAME] = count
+    # Masks materialized at the scores' size by the export: the fused nodes read the small tensor.
+    smaller = mask_broadcast.run(graph, fused_nodes, shapes)
+    for cand in report.candidates:
+        if cand.fused:
+            cand.details["mask_unbroadcast"] = smaller.get(cand.fused_node, "")
     taken = {id(n) for n in softmaxes if n.graph is not graph}
     report.other_softmax = [n.name or "Softmax" for n in softmaxes
                             if id(n) not in taken and n.graph is graph and not sdpa_subgraph.is_candidate(n)]
