@@ -50,7 +50,7 @@ def bind(binding, name, tensor, np_dtype):
     binding.bind_input(name, "cuda", 0, elem, list(tensor.shape), tensor.data_ptr())
 
 
-def run_ort(ort, session, q, k, v, attn_mask=None, key_lengths=None):
+def run_ort(ort, session, q, k, v, attn_mask=None, key_lengths=None, out_shape=None):
     import torch
 
     binding = session.io_binding()
@@ -65,7 +65,7 @@ def run_ort(ort, session, q, k, v, attn_mask=None, key_lengths=None):
             bind(binding, name, t, arr_dtype)
         except (TypeError, RuntimeError) as exc:
             pytest.skip(f"this onnxruntime cannot bind a {t.dtype} device buffer: {exc}")
-    out = poisoned((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q.dtype)
+    out = poisoned(out_shape or (q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q.dtype)
     out_elem = TensorProto.BFLOAT16 if np.dtype(q.dtype) == BF16 else q.dtype
     binding.bind_output("Y", "cuda", 0, out_elem, list(out.shape), out.data_ptr())
     torch.cuda.synchronize()
@@ -133,3 +133,38 @@ def test_ort_cuda_graph_capture(ort):
         session.run_with_iobinding(binding)  # replays
         torch.cuda.synchronize()
         assert_within_2x_torch(to_numpy(out, dtype), q, k, v, is_causal=2, what=f"ORT CUDA graph (seed {seed})")
+
+
+def to_3d(x):
+    """(B, H, S, D) -> the 3-D form's (B, S, H*D) (docs/notes/contract_3d_form.md)."""
+    b, h, s, d = x.shape
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(b, s, h * d)
+
+
+CASES_3D = [
+    # dtype, (b, hq, hkv, sq, sk, d, dv), attrs, additive (B,1,1,Sk) mask. Each kernel family reads
+    # the (B, S, H*D) strides: Hopper prefill (fp16/bf16, D <= 128), decode (Sq=1), the portable
+    # kernel (D=256 or Dv != D), float32.
+    (np.float16, (2, 12, 12, 128, 128, 64, 64), {}, True),             # BERT-base layer shape
+    (ml_dtypes.bfloat16, (1, 8, 2, 300, 300, 128, 128), {"is_causal": 1}, False),
+    (np.float16, (3, 8, 2, 1, 1000, 128, 128), {"is_causal": 2}, True),
+    (np.float16, (1, 4, 4, 97, 200, 256, 80), {"softcap": 30.0}, False),
+    (np.float32, (2, 6, 3, 65, 70, 40, 40), {}, True),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES_3D)))
+def test_ort_cuda_ep_3d_form(ort, case):
+    """The 3-D form on the CUDA EP: same kernels, strides of (B, S, H*D); the 2x rule on the
+    4-D reference of the same data."""
+    dtype, (b, hq, hkv, sq, sk, d, dv), attrs, with_mask = CASES_3D[case]
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    mask = np.where(rng.random((b, 1, 1, sk)) < 0.85, 0.0, -np.inf).astype(dtype) if with_mask else None
+    model = fused_attention_model(dtype, None if mask is None else mask.dtype, 0 if mask is None else 4, None,
+                                  rank=3, q_num_heads=hq, kv_num_heads=hkv, **attrs)
+    session = cuda_session(ort, model)
+    out3 = run_ort(ort, session, to_3d(q), to_3d(k), to_3d(v), mask, out_shape=(b, sq, hq * dv))
+    out = out3.reshape(b, sq, hq, dv).transpose(0, 2, 1, 3)
+    assert_within_2x_torch(out, q, k, v, mask, None, attrs.get("scale"), attrs.get("is_causal", 0),
+                           attrs.get("softcap", 0.0), what=f"ORT CUDA EP, 3-D form (seed {seed})")
