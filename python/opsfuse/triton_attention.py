@@ -230,6 +230,16 @@ def _block_sizes(device: torch.device, seq_q: int, seq_k: int, d: int, dv: int,
     return block_m, block_n, block_d, block_dv
 
 
+def split_heads(t: torch.Tensor, heads: int | None, name: str = "tensor", attr: str = "heads") -> torch.Tensor:
+    """(B, S, H*D) -> its (B, H, S, D) view (no copy): element (b, s, h*D + d) is (b, h, s, d)."""
+    if not heads or heads < 0:
+        raise _error(f"{name} is 3-D (B, S, H*D), so {attr} is required (a positive int), got {heads}")
+    b, s, hidden = t.shape
+    if hidden % heads:
+        raise _error(f"{name}'s last dimension {hidden} is not a multiple of {attr} {heads}")
+    return t.unflatten(2, (heads, hidden // heads)).transpose(1, 2)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -241,6 +251,8 @@ def attention(
     softcap: float = contract.DEFAULT_SOFTCAP,
     out: torch.Tensor | None = None,
     *,
+    q_num_heads: int | None = None,
+    kv_num_heads: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -249,12 +261,37 @@ def attention(
     q: (B, Hq, Sq, D), k: (B, Hkv, Sk, D), v: (B, Hkv, Sk, Dv), all of one dtype T in
     {float32, float16, bfloat16}; attn_mask: bool or T, broadcastable to (B, Hq, Sq, Sk);
     key_lengths: (B,) int32/int64. Returns Y: (B, Hq, Sq, Dv) of dtype T (written into `out`
-    when given). `block_m` / `block_n` override the query / key tile sizes (powers of two >= 16;
-    tests use small tiles to exercise the online softmax across many tiles).
+    when given). The 3-D form: q (B, Sq, Hq*D), k (B, Sk, Hkv*D), v (B, Sk, Hkv*Dv) with
+    `q_num_heads` = Hq and `kv_num_heads` = Hkv gives Y (B, Sq, Hq*Dv); the kernel reads and
+    writes it through the strides of its (B, H, S, D) views. `block_m` / `block_n` override the
+    query / key tile sizes (powers of two >= 16; tests use small tiles to exercise the online
+    softmax across many tiles).
     """
+    ranks = (q.dim(), k.dim(), v.dim())
+    if contract.PACKED_TENSOR_RANK in ranks or contract.TENSOR_RANK not in ranks:
+        if ranks != (contract.PACKED_TENSOR_RANK,) * 3:
+            raise _error(f"Q, K and V must all be 4-D (B, H, S, D) or all 3-D (B, S, H*D), got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        q4, k4, v4 = (split_heads(t, heads, name, attr) for t, heads, name, attr in (
+            (q, q_num_heads, "Q", contract.ATTR_Q_NUM_HEADS), (k, kv_num_heads, "K", contract.ATTR_KV_NUM_HEADS),
+            (v, kv_num_heads, "V", contract.ATTR_KV_NUM_HEADS)))
+        shape = (q.shape[0], q.shape[1], q_num_heads * v4.shape[3])
+        if out is None:
+            out = torch.empty(shape, dtype=q.dtype, device=q.device)
+        elif tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
+            raise _error(f"out must be {shape} {q.dtype} on {q.device}")
+        attention(q4, k4, v4, attn_mask, key_lengths, scale, is_causal, softcap,
+                  out=split_heads(out, q_num_heads, "out", contract.ATTR_Q_NUM_HEADS),
+                  block_m=block_m, block_n=block_n)
+        return out
     for name, t in (("Q", q), ("K", k), ("V", v)):
         if t.dim() != contract.TENSOR_RANK:
             raise _error(f"{name} must be 4-D, got shape {tuple(t.shape)}")
+    for attr, heads, name, t in ((contract.ATTR_Q_NUM_HEADS, q_num_heads, "Q", q),
+                                 (contract.ATTR_KV_NUM_HEADS, kv_num_heads, "K", k)):
+        if heads and heads != t.shape[1]:
+            raise _error(f"{attr} = {heads} does not match {name}'s head dimension {t.shape[1]} "
+                         "(with 4-D inputs it may only repeat it)")
         if t.dtype not in _VALUE_DTYPES:
             raise _error(f"{name} has dtype {t.dtype}; expected float32, float16 or bfloat16")
     if not (q.dtype == k.dtype == v.dtype):
@@ -396,15 +433,19 @@ def attention_numpy(
     is_causal: int = contract.DEFAULT_IS_CAUSAL,
     softcap: float = contract.DEFAULT_SOFTCAP,
     device: str | torch.device | None = None,
+    q_num_heads: int | None = None,
+    kv_num_heads: int | None = None,
 ) -> np.ndarray:
-    """:func:`attention` on numpy arrays; runs on `device` (default: :func:`default_device`)."""
+    """:func:`attention` on numpy arrays (either form); runs on `device` (default:
+    :func:`default_device`)."""
     dev = torch.device(device) if device is not None else default_device()
 
     def to_dev(a):
         return None if a is None else numpy_to_torch(np.asarray(a)).to(dev)
 
     y = attention(to_dev(q), to_dev(k), to_dev(v), to_dev(attn_mask), to_dev(key_lengths),
-                  scale=scale, is_causal=is_causal, softcap=softcap)
+                  scale=scale, is_causal=is_causal, softcap=softcap, q_num_heads=q_num_heads,
+                  kv_num_heads=kv_num_heads)
     return torch_to_numpy(y)
 
 
