@@ -90,13 +90,18 @@ std::string parse_fields(const nvinfer1::PluginFieldCollection* fc, AttentionAtt
       err = read_int(f, &attrs->is_causal);
     } else if (std::strcmp(f.name, contract::kAttrSoftcap) == 0) {
       err = read_float(f, &attrs->softcap);
+    } else if (std::strcmp(f.name, contract::kAttrQNumHeads) == 0) {
+      err = read_int(f, &attrs->q_num_heads);
+    } else if (std::strcmp(f.name, contract::kAttrKvNumHeads) == 0) {
+      err = read_int(f, &attrs->kv_num_heads);
     } else if (std::strcmp(f.name, kFieldWorkspaceBytes) == 0) {
       err = read_int(f, workspace_budget);
       if (err.empty() && *workspace_budget < 0) err = "field 'workspace_bytes' must be >= 0";
     } else if (std::strcmp(f.name, "plugin_version") == 0 || std::strcmp(f.name, "plugin_namespace") == 0) {
       continue;  // lookup keys of the ONNX node, not attributes of the op
     } else {
-      err = std::string("unknown field '") + f.name + "'; FusedAttention takes scale, is_causal and softcap";
+      err = std::string("unknown field '") + f.name +
+            "'; FusedAttention takes scale, is_causal, softcap, q_num_heads and kv_num_heads";
     }
     if (!err.empty()) return err;
   }
@@ -108,6 +113,9 @@ FusedAttentionCreator::FusedAttentionCreator() {
   field_names_.emplace_back(contract::kAttrScale, nullptr, PluginFieldType::kFLOAT32, 1);
   field_names_.emplace_back(contract::kAttrIsCausal, nullptr, PluginFieldType::kINT32, 1);
   field_names_.emplace_back(contract::kAttrSoftcap, nullptr, PluginFieldType::kFLOAT32, 1);
+  // Head counts of the 3-D form (B, S, H*D); required with 3-D inputs.
+  field_names_.emplace_back(contract::kAttrQNumHeads, nullptr, PluginFieldType::kINT32, 1);
+  field_names_.emplace_back(contract::kAttrKvNumHeads, nullptr, PluginFieldType::kINT32, 1);
   field_collection_.nbFields = static_cast<int32_t>(field_names_.size());
   field_collection_.fields = field_names_.data();
 }

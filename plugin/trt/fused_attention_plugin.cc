@@ -52,6 +52,24 @@ bool known_to_differ(const IDimensionExpr* a, const IDimensionExpr* b) {
   return a->isConstant() && b->isConstant() && a->getConstantValue() != b->getConstantValue();
 }
 
+// The expression's value when it is a build-time constant, else -1.
+int64_t constant_or_unknown(const IDimensionExpr* e) {
+  return e->isConstant() ? static_cast<int64_t>(e->getConstantValue()) : -1;
+}
+
+// Q, K and V all rank 4 (B, H, S, D) or all rank 3 (B, S, H*D); "" or the problem.
+std::string check_ranks(int32_t q, int32_t k, int32_t v) {
+  if (q != contract::kTensorRank && q != contract::kPackedTensorRank) {
+    return "input Q must have rank 4 (batch, heads, sequence, head size) or rank 3 (batch, sequence, "
+           "heads*head size), got rank " + std::to_string(q);
+  }
+  if (k != q || v != q) {
+    return "Q, K and V must all have rank 4 (B, H, S, D) or all rank 3 (B, S, H*D), got ranks " +
+           std::to_string(q) + ", " + std::to_string(k) + ", " + std::to_string(v);
+  }
+  return std::string();
+}
+
 std::string fmt_float(float v) {
   std::ostringstream os;
   os.precision(9);
@@ -150,9 +168,98 @@ int32_t FusedAttentionPlugin::getOutputDataTypes(DataType* output_types, int32_t
   }
 }
 
+// The 4-D form: Y = (B, Hq, Sq, Dv), the inputs' own expressions, so dynamic dimensions stay
+// symbolic. Mismatches visible at build time (both sides constant) are reported here, the rest
+// at onShapeChange / enqueue by check_inputs_and_fill.
+std::string FusedAttentionPlugin::output_shape_4d(const DimsExprs& q, const DimsExprs& k, const DimsExprs& v,
+                                                  DimsExprs* y) const {
+  const int64_t hq = constant_or_unknown(q.d[1]), hkv = constant_or_unknown(k.d[1]);
+  if (known_to_differ(q.d[0], k.d[0]) || known_to_differ(q.d[0], v.d[0])) return "Q, K and V batch sizes differ";
+  if (known_to_differ(k.d[1], v.d[1])) return "K and V must have the same number of heads";
+  if (known_to_differ(k.d[2], v.d[2])) return "K and V must have the same sequence length";
+  if (known_to_differ(q.d[3], k.d[3])) return "Q and K must have the same head size";
+  if (hq >= 0 && hkv >= 0 && (hkv <= 0 || hq % hkv != 0)) {
+    return "the number of query heads (" + std::to_string(hq) +
+           ") must be a multiple of the number of key/value heads (" + std::to_string(hkv) + ")";
+  }
+  if (attrs_.q_num_heads > 0 && hq >= 0 && attrs_.q_num_heads != hq) {
+    return "attribute q_num_heads = " + std::to_string(attrs_.q_num_heads) + " does not match Q's head dimension " +
+           std::to_string(hq) + " (with 4-D inputs q_num_heads may only repeat it)";
+  }
+  if (attrs_.kv_num_heads > 0 && hkv >= 0 && attrs_.kv_num_heads != hkv) {
+    return "attribute kv_num_heads = " + std::to_string(attrs_.kv_num_heads) +
+           " does not match K's head dimension " + std::to_string(hkv) + " (with 4-D inputs kv_num_heads may only repeat it)";
+  }
+  for (const IDimensionExpr* d : {q.d[3], v.d[3]}) {
+    const int64_t c = constant_or_unknown(d);
+    if (d->isConstant() && (c < 1 || c > contract::kMaxHeadDim)) {
+      return "unsupported head size " + std::to_string(c) + "; D and Dv must be in 1.." +
+             std::to_string(contract::kMaxHeadDim);
+    }
+  }
+  y->nbDims = contract::kTensorRank;
+  y->d[0] = q.d[0];
+  y->d[1] = q.d[1];
+  y->d[2] = q.d[2];
+  y->d[3] = v.d[3];
+  return std::string();
+}
+
+// The 3-D form: Q (B, Sq, Hq*D), K (B, Sk, Hkv*D), V (B, Sk, Hkv*Dv) with the head counts from
+// the attributes; Y = (B, Sq, Hq * (V's last dimension / Hkv)), an expression of V's.
+std::string FusedAttentionPlugin::packed_output_shape(const DimsExprs& q, const DimsExprs& k, const DimsExprs& v,
+                                                      nvinfer1::IExprBuilder& expr_builder, DimsExprs* y) const {
+  const int64_t hq = attrs_.q_num_heads, hkv = attrs_.kv_num_heads;
+  if (hq <= 0) return "Q is rank 3 (B, S, H*D), so attribute q_num_heads is required";
+  if (hkv <= 0) return "K is rank 3 (B, S, H*D), so attribute kv_num_heads is required";
+  if (known_to_differ(q.d[0], k.d[0]) || known_to_differ(q.d[0], v.d[0])) return "Q, K and V batch sizes differ";
+  if (known_to_differ(k.d[1], v.d[1])) return "K and V must have the same sequence length";
+  const struct {
+    const char* input;
+    const IDimensionExpr* hidden;
+    const char* attr;
+    int64_t heads;
+  } parts[3] = {{"Q", q.d[2], contract::kAttrQNumHeads, hq},
+                {"K", k.d[2], contract::kAttrKvNumHeads, hkv},
+                {"V", v.d[2], contract::kAttrKvNumHeads, hkv}};
+  int64_t head_size[3] = {-1, -1, -1};  // D of Q, D of K, Dv; -1 unknown at build time
+  for (int i = 0; i < 3; ++i) {
+    const int64_t c = constant_or_unknown(parts[i].hidden);
+    if (c < 0) continue;
+    if (c % parts[i].heads != 0) {
+      return std::string(parts[i].input) + "'s last dimension " + std::to_string(c) + " is not a multiple of " +
+             parts[i].attr + " " + std::to_string(parts[i].heads);
+    }
+    head_size[i] = c / parts[i].heads;
+  }
+  if (head_size[0] >= 0 && head_size[1] >= 0 && head_size[0] != head_size[1]) {
+    return "Q and K must have the same head size, got " + std::to_string(head_size[0]) + " and " +
+           std::to_string(head_size[1]) + " (last dimension / q_num_heads, / kv_num_heads)";
+  }
+  for (int i : {0, 2}) {
+    if (head_size[i] >= 0 && (head_size[i] < 1 || head_size[i] > contract::kMaxHeadDim)) {
+      return "unsupported head size " + std::to_string(head_size[i]) + "; D and Dv must be in 1.." +
+             std::to_string(contract::kMaxHeadDim);
+    }
+  }
+  y->nbDims = contract::kPackedTensorRank;
+  y->d[0] = q.d[0];
+  y->d[1] = q.d[1];
+  if (hq == hkv) {
+    y->d[2] = v.d[2];
+  } else {
+    const IDimensionExpr* dv = expr_builder.operation(nvinfer1::DimensionOperation::kFLOOR_DIV, *v.d[2],
+                                                      *expr_builder.constant(hkv));
+    y->d[2] = dv == nullptr ? nullptr
+                            : expr_builder.operation(nvinfer1::DimensionOperation::kPROD, *expr_builder.constant(hq), *dv);
+  }
+  if (y->d[2] == nullptr) return "could not build the expression of Y's last dimension";
+  return std::string();
+}
+
 int32_t FusedAttentionPlugin::getOutputShapes(const DimsExprs* inputs, int32_t nb_inputs, const DimsExprs*,
                                               int32_t nb_shape_inputs, DimsExprs* outputs, int32_t nb_outputs,
-                                              nvinfer1::IExprBuilder&) noexcept {
+                                              nvinfer1::IExprBuilder& expr_builder) noexcept {
   try {
     std::string err = check_io_count(nb_inputs, nb_outputs);
     if (err.empty() && nb_shape_inputs != 0) err = "takes no shape inputs";
@@ -160,13 +267,11 @@ int32_t FusedAttentionPlugin::getOutputShapes(const DimsExprs* inputs, int32_t n
       report(err);
       return -1;
     }
-    static const char* kNames[contract::kNumInputs] = {"Q", "K", "V", "attn_mask", "key_lengths"};
-    for (int32_t i = 0; i < contract::kNumRequiredInputs; ++i) {
-      if (inputs[i].nbDims != contract::kTensorRank) {
-        report(std::string("input ") + kNames[i] + " must have rank 4 (batch, heads, sequence, head size), got rank " +
-               std::to_string(inputs[i].nbDims));
-        return -1;
-      }
+    err = check_ranks(inputs[contract::kInputQ].nbDims, inputs[contract::kInputK].nbDims,
+                      inputs[contract::kInputV].nbDims);
+    if (!err.empty()) {
+      report(err);
+      return -1;
     }
     if (nb_inputs > contract::kInputMask &&
         (inputs[contract::kInputMask].nbDims < contract::kMinMaskRank ||
@@ -181,34 +286,16 @@ int32_t FusedAttentionPlugin::getOutputShapes(const DimsExprs* inputs, int32_t n
     const DimsExprs& q = inputs[contract::kInputQ];
     const DimsExprs& k = inputs[contract::kInputK];
     const DimsExprs& v = inputs[contract::kInputV];
-    // Mismatches visible at build time (both sides constant) are reported now, the rest at runtime.
-    if (known_to_differ(q.d[0], k.d[0]) || known_to_differ(q.d[0], v.d[0])) err = "Q, K and V batch sizes differ";
-    else if (known_to_differ(k.d[1], v.d[1])) err = "K and V must have the same number of heads";
-    else if (known_to_differ(k.d[2], v.d[2])) err = "K and V must have the same sequence length";
-    else if (known_to_differ(q.d[3], k.d[3])) err = "Q and K must have the same head size";
-    else if (q.d[1]->isConstant() && k.d[1]->isConstant() &&
-             (k.d[1]->getConstantValue() <= 0 || q.d[1]->getConstantValue() % k.d[1]->getConstantValue() != 0)) {
-      err = "the number of query heads (" + std::to_string(q.d[1]->getConstantValue()) +
-            ") must be a multiple of the number of key/value heads (" + std::to_string(k.d[1]->getConstantValue()) + ")";
+    DimsExprs& y = outputs[contract::kOutputY];
+    if (q.nbDims == contract::kPackedTensorRank) {
+      err = packed_output_shape(q, k, v, expr_builder, &y);
     } else {
-      for (const IDimensionExpr* d : {q.d[3], v.d[3]}) {
-        if (d->isConstant() && (d->getConstantValue() < 1 || d->getConstantValue() > contract::kMaxHeadDim)) {
-          err = "unsupported head size " + std::to_string(d->getConstantValue()) + "; D and Dv must be in 1.." +
-                std::to_string(contract::kMaxHeadDim);
-        }
-      }
+      err = output_shape_4d(q, k, v, &y);
     }
     if (!err.empty()) {
       report(err);
       return -1;
     }
-    // Y is (B, Hq, Sq, Dv): the same expressions, so dynamic dimensions stay symbolic.
-    DimsExprs& y = outputs[contract::kOutputY];
-    y.nbDims = contract::kTensorRank;
-    y.d[0] = q.d[0];
-    y.d[1] = q.d[1];
-    y.d[2] = q.d[2];
-    y.d[3] = v.d[3];
     return 0;
   } catch (...) {
     report("getOutputShapes failed");
@@ -248,8 +335,9 @@ int32_t FusedAttentionPlugin::configurePlugin(const DynamicPluginTensorDesc* in,
       } else if (out[contract::kOutputY].desc.type != t) {
         err = "Y must have the element type of Q";
       }
-      for (int32_t i = 0; err.empty() && i < contract::kNumRequiredInputs; ++i) {
-        if (in[i].desc.dims.nbDims != contract::kTensorRank) err = "Q, K and V must have rank 4";
+      if (err.empty()) {
+        err = check_ranks(in[contract::kInputQ].desc.dims.nbDims, in[contract::kInputK].desc.dims.nbDims,
+                          in[contract::kInputV].desc.dims.nbDims);
       }
     }
     if (!err.empty()) {
@@ -326,7 +414,9 @@ const char* FusedAttentionPlugin::getTimingCacheID() noexcept { return getMetada
 const char* FusedAttentionPlugin::getMetadataString() noexcept {
   try {
     metadata_ = std::string("scale=") + (attrs_.has_scale ? fmt_float(attrs_.scale) : std::string("1/sqrt(D)")) +
-                ";is_causal=" + std::to_string(attrs_.is_causal) + ";softcap=" + fmt_float(attrs_.softcap);
+                ";is_causal=" + std::to_string(attrs_.is_causal) + ";softcap=" + fmt_float(attrs_.softcap) +
+                ";q_num_heads=" + std::to_string(attrs_.q_num_heads) +
+                ";kv_num_heads=" + std::to_string(attrs_.kv_num_heads);
     return metadata_.c_str();
   } catch (...) {
     return nullptr;
@@ -442,6 +532,15 @@ const nvinfer1::PluginFieldCollection* FusedAttentionPlugin::getFieldsToSerializ
     }
     fields_.emplace_back(contract::kAttrIsCausal, &field_is_causal_, nvinfer1::PluginFieldType::kINT32, 1);
     fields_.emplace_back(contract::kAttrSoftcap, &field_softcap_, nvinfer1::PluginFieldType::kFLOAT32, 1);
+    // The head counts only when given (0 = absent), so a 4-D plan keeps its fields as before.
+    field_q_num_heads_ = static_cast<int32_t>(attrs_.q_num_heads);
+    field_kv_num_heads_ = static_cast<int32_t>(attrs_.kv_num_heads);
+    if (attrs_.q_num_heads > 0) {
+      fields_.emplace_back(contract::kAttrQNumHeads, &field_q_num_heads_, nvinfer1::PluginFieldType::kINT32, 1);
+    }
+    if (attrs_.kv_num_heads > 0) {
+      fields_.emplace_back(contract::kAttrKvNumHeads, &field_kv_num_heads_, nvinfer1::PluginFieldType::kINT32, 1);
+    }
     if (workspace_budget_ >= 0) {
       field_workspace_ = workspace_budget_;
       fields_.emplace_back(kFieldWorkspaceBytes, &field_workspace_, nvinfer1::PluginFieldType::kINT64, 1);

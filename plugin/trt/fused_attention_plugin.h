@@ -68,6 +68,13 @@ class FusedAttentionPlugin final : public nvinfer1::IPluginV3,
   void report(const std::string& what) const noexcept;
   // Checks the input count and the rank of every input; "" when valid.
   std::string check_io_count(int32_t nb_inputs, int32_t nb_outputs) const;
+  // Y's dimension expressions for the 4-D form (B, Hq, Sq, Dv) and the 3-D form (B, Sq, Hq*Dv),
+  // after the checks visible at build time; "" or the problem.
+  std::string output_shape_4d(const nvinfer1::DimsExprs& q, const nvinfer1::DimsExprs& k,
+                              const nvinfer1::DimsExprs& v, nvinfer1::DimsExprs* y) const;
+  std::string packed_output_shape(const nvinfer1::DimsExprs& q, const nvinfer1::DimsExprs& k,
+                                  const nvinfer1::DimsExprs& v, nvinfer1::IExprBuilder& expr_builder,
+                                  nvinfer1::DimsExprs* y) const;
 
   std::string node_name_;
   AttentionAttributes attrs_;
@@ -81,6 +88,8 @@ class FusedAttentionPlugin final : public nvinfer1::IPluginV3,
   float field_scale_ = 0.0f;
   int32_t field_is_causal_ = 0;
   float field_softcap_ = 0.0f;
+  int32_t field_q_num_heads_ = 0;
+  int32_t field_kv_num_heads_ = 0;
   int64_t field_workspace_ = 0;
   std::vector<nvinfer1::PluginField> fields_;
   nvinfer1::PluginFieldCollection field_collection_{};
