@@ -32,7 +32,11 @@ def test_inputs_outputs():
 
 def test_attributes_and_limits():
     attrs = {a["name"]: a for a in SPEC["attributes"]}
-    assert set(attrs) == {contract.ATTR_SCALE, contract.ATTR_IS_CAUSAL, contract.ATTR_SOFTCAP}
+    assert set(attrs) == {contract.ATTR_SCALE, contract.ATTR_IS_CAUSAL, contract.ATTR_SOFTCAP,
+                          contract.ATTR_Q_NUM_HEADS, contract.ATTR_KV_NUM_HEADS}
+    for name in (contract.ATTR_Q_NUM_HEADS, contract.ATTR_KV_NUM_HEADS):
+        assert (attrs[name]["onnx_type"], attrs[name]["field_type"]) == ("INT", "kINT32")
+        assert attrs[name]["default"] == contract.DEFAULT_NUM_HEADS
     assert attrs[contract.ATTR_IS_CAUSAL]["default"] == contract.DEFAULT_IS_CAUSAL
     assert attrs[contract.ATTR_IS_CAUSAL]["valid"] == list(range(contract.CAUSAL_MAX + 1))
     assert attrs[contract.ATTR_SOFTCAP]["default"] == contract.DEFAULT_SOFTCAP
@@ -40,4 +44,7 @@ def test_attributes_and_limits():
     assert (attrs[contract.ATTR_IS_CAUSAL]["onnx_type"], attrs[contract.ATTR_IS_CAUSAL]["field_type"]) == ("INT", "kINT32")
     assert SPEC["limits"]["max_head_dim"] == contract.MAX_HEAD_DIM
     assert SPEC["limits"]["tensor_rank"] == contract.TENSOR_RANK
+    assert SPEC["limits"]["packed_tensor_rank"] == contract.PACKED_TENSOR_RANK
+    shapes = [t.get("shape_3d") for t in SPEC["inputs"][:contract.NUM_REQUIRED_INPUTS] + SPEC["outputs"]]
+    assert all(s is not None and len(s) == contract.PACKED_TENSOR_RANK for s in shapes)
     assert SPEC["limits"]["mask_rank"] == [contract.MIN_MASK_RANK, contract.MAX_MASK_RANK]
