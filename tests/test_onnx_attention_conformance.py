@@ -80,8 +80,6 @@ def test_matches_onnx_reference_attention(run, case, dtype):
 # The ONNX backend test cases for Attention.
 
 NOT_CONVERTIBLE_REASONS = {
-    "3d": "3-D (B, S, H*D) inputs: FusedAttention takes 4-D (B, H, S, D); the rewrite pass converts 3-D "
-          "Attention nodes by adding reshapes, which a single-node case cannot show",
     "past": "past_key/past_value and present outputs (KV cache concatenation) are outside the contract",
     "qk_output": "qk_matmul_output is an extra output: FusedAttention never materializes the score matrix",
     "window": "sliding-window attributes are outside the contract",
@@ -110,9 +108,6 @@ def _why_not_convertible(case) -> str | None:
         return "qk_output"
     if outputs:
         return "past" if (len(node.output) > 1 and node.output[1]) else "qk_output"
-    feeds = case.data_sets[0][0]
-    if np.asarray(feeds[0]).ndim != 4:
-        return "3d"
     if inputs[6] and attrs.get("is_causal", 0):
         return "nonpad_causal"
     return None
@@ -136,6 +131,9 @@ def _to_fused(case):
         fused_attrs["is_causal"] = contract.CAUSAL_UPPER_LEFT
     if attrs.get("softcap", 0.0):
         fused_attrs["softcap"] = float(attrs["softcap"])
+    for name in (contract.ATTR_Q_NUM_HEADS, contract.ATTR_KV_NUM_HEADS):  # the 3-D form
+        if attrs.get(name):
+            fused_attrs[name] = int(attrs[name])
     inputs = list(node.input) + [""] * (7 - len(node.input))
     fused_inputs = inputs[:3] + [inputs[3], inputs[6]]
     while fused_inputs and not fused_inputs[-1]:
@@ -144,7 +142,7 @@ def _to_fused(case):
     feeds = dict(zip([i.name for i in case.model.graph.input], case.data_sets[0][0]))
     if inputs[3]:
         # ONNX Attention pads a mask shorter than the key sequence with masked positions.
-        mask, sk = np.asarray(feeds[inputs[3]]), np.asarray(feeds[inputs[1]]).shape[2]
+        mask, sk = np.asarray(feeds[inputs[3]]), np.asarray(feeds[inputs[1]]).shape[-2]  # K: (.., Sk, D)
         if mask.shape[-1] < sk:
             pads = [0] * mask.ndim + [0] * (mask.ndim - 1) + [sk - mask.shape[-1]]
             fill = np.array(False) if mask.dtype == np.bool_ else np.array(-np.inf, dtype=mask.dtype)
