@@ -181,7 +181,7 @@ OVERLAP_CASES = [
     dict(b=1, hq=6, hkv=2, sq=5, sk=9, d=32, dv=24, is_causal=1),
     dict(b=2, hq=4, hkv=1, sq=9, sk=5, d=8, dv=8, is_causal=1),
     dict(b=2, hq=4, hkv=2, sq=7, sk=11, d=16, dv=16, mask="bool4"),
-    dict(b=2, hq=4, hkv=2, sq=7, sk=11, d=40, dv=16, mask="float2", scale=0.37),
+    dict(b=2, hq=4, hkv=2, sq=7, sk=11, d=16, dv=16, mask="float2", scale=0.37),
     dict(b=1, hq=2, hkv=2, sq=4, sk=8, d=16, dv=16, mask="float3", softcap=3.0),
     dict(b=1, hq=2, hkv=1, sq=1, sk=33, d=64, dv=64, is_causal=1),
 ]
