@@ -10,9 +10,6 @@ from .. import contract
 
 PLUGIN_VERSION_ATTR = "plugin_version"
 PLUGIN_NAMESPACE_ATTR = "plugin_namespace"
-# The 3-D form's head counts (docs/notes/contract_3d_form.md).
-ATTR_Q_NUM_HEADS = getattr(contract, "ATTR_Q_NUM_HEADS", "q_num_heads")
-ATTR_KV_NUM_HEADS = getattr(contract, "ATTR_KV_NUM_HEADS", "kv_num_heads")
 
 
 def base_name(*nodes: ir.Node) -> str:
@@ -112,8 +109,8 @@ def fused_attention(new_nodes: list, q, k, v, mask, key_lengths, *, scale: float
     attrs.append(_attr(contract.ATTR_IS_CAUSAL, int(is_causal)))
     attrs.append(_attr(contract.ATTR_SOFTCAP, float(softcap)))
     if heads is not None:
-        attrs.append(_attr(ATTR_Q_NUM_HEADS, int(heads[0])))
-        attrs.append(_attr(ATTR_KV_NUM_HEADS, int(heads[1])))
+        attrs.append(_attr(contract.ATTR_Q_NUM_HEADS, int(heads[0])))
+        attrs.append(_attr(contract.ATTR_KV_NUM_HEADS, int(heads[1])))
     attrs.append(_attr(PLUGIN_VERSION_ATTR, contract.TRT_PLUGIN_VERSION))
     attrs.append(_attr(PLUGIN_NAMESPACE_ATTR, contract.TRT_PLUGIN_NAMESPACE))
     n = ir.Node(contract.DOMAIN, contract.OP_NAME, inputs, attrs, name=name)

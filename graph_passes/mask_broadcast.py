@@ -177,20 +177,23 @@ def run(graph: ir.Graph, fused: list[ir.Node], shapes: dict) -> dict[str, str]:
         if m is not None and n.graph is graph:
             by_mask.setdefault(id(m), []).append(n)
             masks[id(m)] = m
+    reducer = _Reducer(shapes)  # one for all masks: a subtree two masks share is rebuilt once
+    dead = []
     for key, nodes in by_mask.items():
         mask = masks[key]
-        reducer = _Reducer(shapes)
         small = reducer.reduce(mask)
         r = reducer.rank(small)
         if small is mask or r is None or not contract.MIN_MASK_RANK <= r <= contract.MAX_MASK_RANK:
             continue
-        if reducer.new_nodes:
-            graph.insert_before(mask.producer(), reducer.new_nodes)
         for n in nodes:
             n.replace_input_with(contract.INPUT_MASK, small)
             changed[n.name] = small.name
-        producer = mask.producer()
-        if producer is not None:
-            emit.remove_dead(graph, [producer])
+        if mask.producer() is not None:
+            dead.append(mask.producer())
+    if reducer.new_nodes:
+        graph.extend(reducer.new_nodes)
+        graph.sort()  # the new nodes read values from anywhere in the masks' subgraphs
+        dead += reducer.new_nodes  # those no mask ended up reading
+    emit.remove_dead(graph, dead)
     return changed
 
