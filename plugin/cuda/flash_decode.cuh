@@ -61,19 +61,8 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 }
 static_assert(kMaxStages - 2 <= 2, "cp_async_wait covers at most 2 pending groups");
 
-// Thread-block cluster (sm_90): the rank of this block, a cluster-wide barrier (release / acquire:
-// shared-memory writes before it are visible to every block of the cluster after it), and a float
-// load from the shared memory of block `rank` at the address that `p` has in this block.
+// sm_90 only (cluster_rank / cluster_sync / ld_cluster_f32: kernel_common.cuh).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
 // mbarriers and bulk (TMA engine, no tensor map) copies global -> shared, completing on an mbarrier.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -102,13 +91,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
           smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
-}
-__device__ __forceinline__ float ld_cluster_f32(const float* p, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-  float x;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(remote) : "memory");
-  return x;
 }
 #endif
 

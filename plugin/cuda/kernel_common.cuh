@@ -171,4 +171,35 @@ cudaError_t ensure_max_shared_carveout(Kernel kernel, int* done_per_device) {
   return err;
 }
 
+// Thread-block cluster (sm_90; the decode kernel's and the Hopper kernel's split merges): the rank
+// of this block, a cluster-wide barrier (release / acquire: shared-memory writes before it are
+// visible to every block of the cluster after it; every thread of every block must take part), and
+// a float load from the shared memory of block `rank` at the address that `p` has in this block.
+// Declared for every target (the host pass parses the kernels that call them); on devices below 9.0
+// nothing may reach them (their callers are sm_90 code paths) and they trap.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OPSFUSE_SM90_ASM(...) asm volatile(__VA_ARGS__)
+#elif defined(__CUDA_ARCH__)
+#define OPSFUSE_SM90_ASM(...) __trap()
+#else
+#define OPSFUSE_SM90_ASM(...) (void)0
+#endif
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r = 0;
+  OPSFUSE_SM90_ASM("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  OPSFUSE_SM90_ASM("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  OPSFUSE_SM90_ASM("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float ld_cluster_f32(const float* p, uint32_t rank) {
+  uint32_t remote = 0;
+  OPSFUSE_SM90_ASM("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  float x = 0.0f;
+  OPSFUSE_SM90_ASM("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(remote) : "memory");
+  return x;
+}
+#undef OPSFUSE_SM90_ASM
+
 }  // namespace opsfuse::cuda::detail
