@@ -15,6 +15,7 @@
 //   OPSFUSE_CUDA_DECODE_NO_CLUSTER=1  (tests) split decode through the workspace + combine kernel
 //                                  also where the sm_90 cluster merge would run (choose_plan).
 //   OPSFUSE_CUDA_DECODE_SPLITS=N   (benchmark sweeps) decode with N key splits.
+//   OPSFUSE_CUDA_HOPPER_SPLITS=N   (tests, sweeps) the Hopper kernel with N key splits per row tile.
 //   OPSFUSE_CUDA_DECODE_BULK=1     (tests, A/B) decode loads K/V rows with cp.async.bulk on sm_90
 //                                  (off by default: measured slower than cp.async).
 // workspace_size() always answers for the portable plan (a superset: the Hopper kernel needs none),
@@ -133,8 +134,8 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 // compiled in, a compute capability 9.0 device, not disabled, float16/bfloat16, D and Dv <= 128
 // (bucket 64 or 128; TMA zero-fills the columns beyond D / Dv, so e.g. D = 40 or Dv != D run too),
 // a prefill plan without a KV split (decode shapes, and small grids with long key sequences where
-// the portable kernel splits the keys, keep the portable kernels; the Hopper kernel has no split
-// yet), TMA-addressable Q/K/V.
+// the portable kernel splits the keys many ways, keep the portable kernels; the Hopper kernel
+// splits at most 4 ways, hopper_key_splits()), TMA-addressable Q/K/V.
 bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
 #ifndef OPSFUSE_CUDA_HOPPER
   (void)p, (void)dev, (void)plan;
@@ -175,6 +176,31 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
   return p.key_lengths == nullptr;
 }
 
+// Hopper key splits (hopper_fwd.cuh): a grid of few row tiles leaves a partial last wave (seed
+// B=1 H=12 S=2048: 192 tiles on 132 SMs run as 2 waves for 1.45 waves of work). Splitting each
+// tile's keys s ways (a cluster of s blocks, merged in distributed shared memory) makes the work
+// s times finer: time ~ ceil(tiles s / SMs) ceil(key tiles / s) + 1 (the merge, about one key
+// tile's work), taken where it beats the unsplit time; s in {2, 4}, at most one split per key tile.
+// Not with a persistent grid (more tiles than SMs) nor causal (the causal tiles' lengths differ: the
+// persistent grid and the block scheduler balance them).
+// OPSFUSE_CUDA_HOPPER_SPLITS=N (tests, sweeps): N splits (1..8, at most one per key tile) wherever
+// the grid is not persistent, causal included.
+[[maybe_unused]] int hopper_key_splits(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
+  if (plan.persistent > 0) return 1;
+  const int key_tiles = ceil_div(p.seq_k, 128);
+  const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_SPLITS");
+  if (e != nullptr && std::atoi(e) > 0) return std::max(1, std::min({std::atoi(e), 8, key_tiles}));
+  if (p.is_causal != 0) return 1;
+  const int64_t tiles = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
+  auto cost = [&](int s) {
+    return static_cast<double>(ceil_div(tiles * s, dev.sms)) * ceil_div(key_tiles, s) + (s > 1 ? 1.0 : 0.0);
+  };
+  int best = 1;
+  for (int s : {2, 4})
+    if (s <= key_tiles && cost(s) < cost(best)) best = s;
+  return best;
+}
+
 // Decode cluster merge (flash_decode.cuh): how many clusters of `cluster` blocks of the decode
 // kernel for this dtype / bucket / ring depth fit on the device at once (0: not compiled for sm_90).
 int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
@@ -206,7 +232,8 @@ int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
 //  cudaOccupancyMaxActiveClusters) and OPSFUSE_CUDA_DECODE_NO_CLUSTER is not 1 (tests: the
 //  workspace + combine path). workspace_size() still counts the split workspace (a superset).
 //  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
-//  covers becomes KernelKind::kHopper (128x128 tiles, no split).
+//  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), or
+//  key splits merged in a cluster, hopper_key_splits()).
 Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hopper = true) {
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
@@ -298,6 +325,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
     plan.persistent = hopper_persistent(p, dev, plan) ? dev.sms : 0;
+    plan.cluster = hopper_key_splits(p, dev, plan);
   }
   return plan;
 }

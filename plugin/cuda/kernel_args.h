@@ -61,7 +61,9 @@ struct Plan {
   int row_tiles = 0;    // ceil(rows / block_m)
   int cluster = 1;      // decode with num_splits > 1 on sm_90: == num_splits when the splits of one
                         // (batch, kv head) form a thread-block cluster and merge in distributed
-                        // shared memory (flash_decode.cuh; no combine launch); 1 otherwise
+                        // shared memory (flash_decode.cuh; no combine launch); 1 otherwise.
+                        // kHopper: > 1 = that many key splits per row tile, one cluster per tile,
+                        // merged in distributed shared memory (num_splits stays 1: no workspace)
   int bulk = 0;         // decode on sm_90: 1 = K/V rows by cp.async.bulk into an mbarrier ring where
                         // the layout allows (the kernel checks), else cp.async
   int persistent = 0;   // kHopper: > 0 = a persistent grid of that many blocks looping over the row

@@ -227,7 +227,7 @@ template <typename T, int kD, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                      const int pingpong, const int n_work) {
+                      const int pingpong, const int n_work, const int splits) {
   using Cfg = Config<kD>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
@@ -254,13 +254,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // first within a head, a block's light and heavy items pair up); the items of one round are
   // the same set as with one block per item in a wave (L2 reuse unchanged). Past n_work: done.
   const int n_rt = (a.seq_q + kBM - 1) / kBM;
+  // Key splits (splits > 1, never with a persistent grid): blocks blockIdx.x / splits * splits ..
+  // + splits - 1 are one thread-block cluster on one item, block (cluster rank) r taking the key
+  // tiles [r n / splits, (r + 1) n / splits) of its n; rank 0 merges the others' partial results
+  // through distributed shared memory and stores the rows (see the epilogue).
   auto item_of = [&](int r) {
-    const int x = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
+    const int x = static_cast<int>(blockIdx.x) / splits, G = static_cast<int>(gridDim.x) / splits;
     const int64_t w = static_cast<int64_t>(r) * G + ((r & 1) ? G - 1 - x : x);
     return w < n_work ? static_cast<int>(w) : n_work;
   };
   struct Work {
-    int b, h, hk, row0, len, n_tiles;
+    int b, h, hk, row0, len;
+    int t_begin, t_end;  // this block's key tiles of the item (all of them unless split)
     KeyRange kr;
   };
   auto work_of = [&](int w) {
@@ -275,7 +280,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // key_range() works on packed rows (head-in-group * Sq + position).
     const int g = wk.h - wk.hk * a.group;
     wk.kr = key_range(a, g * a.seq_q + wk.row0, g * a.seq_q + min(wk.row0 + kBM, a.seq_q) - 1, wk.len);
-    wk.n_tiles = (wk.kr.n_end + kBN - 1) / kBN;
+    const int n_tiles = (wk.kr.n_end + kBN - 1) / kBN;
+    const int split = static_cast<int>(blockIdx.x) % splits;  // the cluster rank (0 unless split)
+    wk.t_begin = split * n_tiles / splits;
+    wk.t_end = (split + 1) * n_tiles / splits;
     return wk;
   };
 
@@ -313,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int c = 0; c < kRegions; ++c)
           tma_load_4d(sQ + c * kBM * 128, &tm_q, bar_q, c * 64, wk.row0, wk.h, wk.b);
-        for (int it = 0; it < wk.n_tiles; ++it, ++kv) {
+        for (int it = wk.t_begin; it < wk.t_end; ++it, ++kv) {
           const int s = kv % kStages;
           const uint32_t empty_parity = ((kv / kStages) & 1) ^ 1;  // first use of a stage passes at once
           mbar_wait(bar_kempty(s), empty_parity);
@@ -329,6 +337,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    if (splits > 1) {  // the split merge's two cluster barriers count every thread of the cluster
+      __syncwarp();
+      cluster_sync();
+      cluster_sync();
+    }
     return;
   }
 
@@ -337,11 +350,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1;            // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int t = tid % 128;
   const int warp = t / 32, lane = t % 32;
-  int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of tile 0)
+  int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
   for (int w = item_of(0); w < n_work; w = item_of(++round)) {
     const Work wk = work_of(w);
-    const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len, n_tiles = wk.n_tiles;
+    const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len;
+    const int t_begin = wk.t_begin, t_end = wk.t_end, n_tiles = t_end - t_begin;
+    const int ring0 = kv_base - t_begin;  // ring position of key tile `it` is ring0 + it
     const KeyRange kr = wk.kr;
     const int rbase = row0 + cw * 64 + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
 
@@ -523,21 +538,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
     };
-    auto rescale_o = [&]() {
+    auto rescale_o_by = [&](const float (&f)[2]) {
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
-        o[i * 4 + 0] *= alpha[0];
-        o[i * 4 + 1] *= alpha[0];
-        o[i * 4 + 2] *= alpha[1];
-        o[i * 4 + 3] *= alpha[1];
+        o[i * 4 + 0] *= f[0];
+        o[i * 4 + 1] *= f[0];
+        o[i * 4 + 2] *= f[1];
+        o[i * 4 + 3] *= f[1];
       }
     };
+    auto rescale_o = [&]() { rescale_o_by(alpha); };
 
     // Pingpong (`pingpong` != 0, FlashAttention-3's inter-warpgroup schedule): the two consumer
     // warpgroups take turns issuing their wgmma batches -- named barrier 2 + cw is "my turn", passed
     // by the other warpgroup right after it issued -- so one's softmax overlaps the other's products.
-    // Each warpgroup issues n_tiles + 1 batches; warpgroup 1 opens (an arrive on warpgroup 0's
-    // barrier) and skips its last pass, so every arrive is matched by exactly one sync.
+    // Each warpgroup issues n_tiles + 1 batches (n_tiles: this block's key tiles of the item);
+    // warpgroup 1 opens (an arrive on warpgroup 0's barrier) and skips its last pass, so every
+    // arrive is matched by exactly one sync.
     const bool pp = pingpong != 0 && n_tiles > 0;
     auto turn_wait = [&]() {
       if (!pp) return;
@@ -551,18 +568,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 
-    // K/V tile `it` of this item is ring tile kv_base + it: its stage and phase parity.
-    auto stage_of = [&](int it) { return (kv_base + it) % kStages; };
-    auto parity_of = [&](int it) { return static_cast<uint32_t>(((kv_base + it) / kStages) & 1); };
-    if (n_tiles > 0) load_mask(0);
+    // K/V tile `it` (t_begin <= it < t_end) of this item is ring tile ring0 + it: its stage and
+    // phase parity.
+    auto stage_of = [&](int it) { return (ring0 + it) % kStages; };
+    auto parity_of = [&](int it) { return static_cast<uint32_t>(((ring0 + it) / kStages) & 1); };
+    if (n_tiles > 0) load_mask(t_begin);
     mbar_wait(bar_q, round & 1);
     __syncwarp();
     // Q is released (for the block's next item) after the item's last S = Q K^T.
     if (n_tiles == 0 && lane == 0) mbar_arrive(bar_qempty);
     if (n_tiles > 0) {
-      // Tile 0: S(0), softmax(0), P(0).
-      const int st0 = stage_of(0);
-      mbar_wait(bar_kfull(st0), parity_of(0));
+      // First tile: S, softmax, P.
+      const int st0 = stage_of(t_begin);
+      mbar_wait(bar_kfull(st0), parity_of(t_begin));
       __syncwarp();
       turn_wait();
       wgmma_fence();
@@ -573,10 +591,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(s);
       if (lane == 0) mbar_arrive(bar_kempty(st0));
       if (n_tiles == 1 && lane == 0) mbar_arrive(bar_qempty);
-      if (kMode == kPlain && is_boundary(0)) softmax(0, std::true_type{});
-      else softmax(0, std::false_type{});
+      if (kMode == kPlain && is_boundary(t_begin)) softmax(t_begin, std::true_type{});
+      else softmax(t_begin, std::false_type{});
       pack_into(p);
-      // Tiles 1 .. n_tiles - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
+      // Tiles t_begin + 1 .. t_end - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
       // S(it) only, then scores it while P(it-1) V(it-1) runs (ptxas places the wait for that
       // product part-way through the exponentials), and the other warpgroup's batch (pingpong)
       // keeps the tensor cores busy too.
@@ -598,7 +616,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
         reg_fence(s);
         if (lane == 0) mbar_arrive(bar_kempty(st));
-        if (it == n_tiles - 1 && lane == 0) mbar_arrive(bar_qempty);
+        if (it == t_end - 1 && lane == 0) mbar_arrive(bar_qempty);
         // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
         // leaves (P(it-1) live), so that variant waits for the product first.
         if constexpr (!kElementwise) softmax(it, boundary);
@@ -609,15 +627,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kElementwise) softmax(it, boundary);
         pack_into(p);
       };
-      for (int it = 1; it < n_tiles; ++it) {
+      for (int it = t_begin + 1; it < t_end; ++it) {
         if (kMode == kPlain && is_boundary(it)) step(it, std::true_type{});
         else step(it, std::false_type{});
       }
-      const int last = stage_of(n_tiles - 1);
+      const int last = stage_of(t_end - 1);
       rescale_o();
-      mbar_wait(bar_vfull(last), parity_of(n_tiles - 1));
+      mbar_wait(bar_vfull(last), parity_of(t_end - 1));
       __syncwarp();
-      zero_v_tail(last, n_tiles - 1);
+      zero_v_tail(last, t_end - 1);
       turn_wait();
       wgmma_fence();
       issue_pv(last, p);
@@ -629,6 +647,52 @@ __global__ void __launch_bounds__(kThreads, 1)
       // continues into the block's next item, whose producer waits for this stage's release when
       // the ring comes round to it (kStages tiles later); without this arrive it waits forever.
       if (lane == 0) mbar_arrive(bar_vempty(last));
+    }
+
+    if (splits > 1) {
+      // Split merge. Every rank's thread holds the same rows and columns of O (the accumulator
+      // layout does not depend on the keys), so ranks > 0 put their (O, max, per-thread sum) in
+      // their shared memory, thread-major, over the K/V ring (both warpgroups' last products
+      // are done: named barrier 1), and rank 0 folds them into its registers in rank order
+      // (deterministic): max M, O = sum_r O_r 2^(m_r - M), l likewise (m = -inf: weight 0).
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      float* part = reinterpret_cast<float*>(smem_raw + (sK - smem_u32(smem_raw)));
+      const int slot = cw * 128 + t;
+      const int split = static_cast<int>(blockIdx.x) % splits;
+      if (split > 0) {
+#pragma unroll
+        for (int i = 0; i < kD / 2; ++i) part[i * 256 + slot] = o[i];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          part[(kD / 2 + hh) * 256 + slot] = m_run[hh];
+          part[(kD / 2 + 2 + hh) * 256 + slot] = l_run[hh];
+        }
+      }
+      cluster_sync();
+      if (split == 0) {
+        float mx[2] = {m_run[0], m_run[1]};
+        for (int z = 1; z < splits; ++z)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) mx[hh] = fmaxf(mx[hh], ld_cluster_f32(part + (kD / 2 + hh) * 256 + slot, z));
+        float w[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          w[hh] = ex2(m_run[hh] - (mx[hh] == -INFINITY ? 0.0f : mx[hh]));
+          l_run[hh] *= w[hh];
+        }
+        rescale_o_by(w);
+        for (int z = 1; z < splits; ++z) {
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            w[hh] = ex2(ld_cluster_f32(part + (kD / 2 + hh) * 256 + slot, z) - (mx[hh] == -INFINITY ? 0.0f : mx[hh]));
+            l_run[hh] += w[hh] * ld_cluster_f32(part + (kD / 2 + 2 + hh) * 256 + slot, z);
+          }
+#pragma unroll
+          for (int i = 0; i < kD / 2; ++i) o[i] += w[(i >> 1) & 1] * ld_cluster_f32(part + i * 256 + slot, z);
+        }
+      }
+      cluster_sync();  // no block leaves (freeing its shared memory) while rank 0 still reads it
+      if (split > 0) return;
     }
 
     // Epilogue: row sums across the quad, normalize, store (fully masked rows: l = 0 -> 0).
@@ -649,7 +713,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         a.vec_store != 0);
       }
     }
-    kv_base += n_tiles;
+    kv_base = ring0 + t_end;
   }  // work items
 }
 
@@ -699,8 +763,27 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // OPSFUSE_CUDA_HOPPER_PINGPONG=0 turns the inter-warpgroup schedule off (to measure it).
   const char* pp_env = std::getenv("OPSFUSE_CUDA_HOPPER_PINGPONG");
   const int pingpong = pp_env != nullptr && pp_env[0] == '0' ? 0 : 1;
-  kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(a, tq, tk, tv, pingpong,
-                                                                               static_cast<int>(blocks));
+  const int splits = plan.cluster;  // key splits per row tile (choose_plan), never with persistent
+  if (splits <= 1) {
+    kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(a, tq, tk, tv, pingpong,
+                                                                                 static_cast<int>(blocks), 1);
+    return cudaGetLastError();
+  }
+  if (plan.persistent > 0 || splits > 8) return cudaErrorInvalidValue;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks * splits), 1, 1);
+  cfg.blockDim = dim3(hopper::kThreads, 1, 1);
+  cfg.dynamicSmemBytes = Cfg::kSmem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, pingpong, static_cast<int>(blocks), splits);
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 

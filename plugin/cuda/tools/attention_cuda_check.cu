@@ -53,6 +53,7 @@ struct Case {
   int key_lengths;  // 0 none, 32 or 64 bits
   int persist = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_PERSISTENT=1 (a persistent grid also where
                     // choose_plan keeps one block per tile: key_lengths)
+  int splits = 0;   // Hopper cases: > 0 = OPSFUSE_CUDA_HOPPER_SPLITS (key splits merged in a cluster)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -238,7 +239,9 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
       if (c.persist) setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
+      if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
     } else {
+      if (c.splits > 0) unsetenv("OPSFUSE_CUDA_HOPPER_SPLITS");
       // Back to the environment's own value: an OPSFUSE_CUDA_HOPPER_PERSISTENT given by the caller
       // (A/B runs) holds for every later case too.
       if (c.persist) {
@@ -411,6 +414,15 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 persistent causal2 kl32", BF, 3, 10, 5, 600, 400, 128, 128, 2, 0.f, N, 0, 32, 1},
       {"hop f16 d128 persistent causal1 gqa2", H, 2, 14, 7, 520, 520, 128, 128, 1, 0.f, N, 0, 0, 1},
       {"hop bf16 d64 persistent causal1 Sq512", BF, 2, 18, 6, 512, 512, 64, 64, 1, 0.f, MB, 1, 0},
+      // Key splits merged in a thread-block cluster: as choose_plan decides (B=1 H=12 S=2048-like
+      // grids: 2 splits; 1000 keys = 8 tiles, 96 row tiles: 4 splits), and forced: 3 splits of 5 key
+      // tiles (uneven), a split left without keys by causal 1 / key_lengths (partials of max -inf
+      // merged: zeros, never NaN), softcap with a bool mask, Dv != D.
+      {"hop f16 d64 split addmask gqa3", H, 1, 12, 4, 2000, 2000, 64, 64, 0, 0.f, MA, 2, 0},
+      {"hop bf16 d128 split4 boolpad", BF, 2, 6, 6, 1000, 1000, 128, 128, 0, 0.f, MB, 1, 0},
+      {"hop f16 d128 split3 causal1 kl64", H, 2, 4, 2, 300, 600, 128, 128, 1, 0.f, N, 0, 64, 0, 3},
+      {"hop bf16 d64 split4 boolmask softcap", BF, 1, 3, 1, 200, 700, 64, 64, 0, 25.f, MB, 4, 32, 0, 4},
+      {"hop f16 d40/80 split2 causal2", H, 2, 4, 2, 130, 520, 40, 80, 2, 0.f, MA, 2, 0, 0, 2},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
