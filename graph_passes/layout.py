@@ -234,9 +234,8 @@ def merge_heads(y: ir.Value, shapes: dict) -> tuple[ir.Node, str] | tuple[None, 
         return None, "the attention output does not feed one Transpose only"
     if transpose_perm(t, 4) != BSHD_TO_BHSD:
         return None, f"the attention output is transposed with perm {transpose_perm(t, 4)}, not (0, 2, 1, 3)"
-    reshape = only_consumer(t.outputs[0])
-    if reshape is None or reshape.op_type != "Reshape" or reshape.domain not in ("", "ai.onnx") \
-            or reshape.inputs[0] is not t.outputs[0]:
+    reshape = _merging_reshape(t.outputs[0])
+    if reshape is None:
         return None, "the transposed attention output does not feed one Reshape only"
     st, so = shapes.get(t.outputs[0].name), shapes.get(reshape.outputs[0].name)
     if st is None or so is None or len(st) != 4 or len(so) != 3:
@@ -253,3 +252,49 @@ def merge_heads(y: ir.Value, shapes: dict) -> tuple[ir.Node, str] | tuple[None, 
     if not ok:
         return None, "cannot prove the output Reshape keeps the batch and sequence dims"
     return reshape, ""
+
+
+def _merging_reshape(value: ir.Value) -> ir.Node | None:
+    """The one Reshape that reads `value` as its data, when everything else reading `value` is a
+    Shape whose results only feed that Reshape's target (GPT-2's ``x.size()[:-2] + (H*D,)``): once
+    the Reshape goes, so do they. None otherwise."""
+    if value.is_graph_output():
+        return None
+    users = {id(u.node): u.node for u in value.uses()}
+    reshapes = [n for n in users.values() if n.op_type == "Reshape" and n.domain in ("", "ai.onnx")
+                and n.inputs[0] is value and sum(1 for x in n.inputs if x is value) == 1]
+    if len(reshapes) != 1:
+        return None
+    reshape = reshapes[0]
+    shapes_of = [n for n in users.values() if n is not reshape]
+    if not shapes_of:
+        return reshape
+    if any(n.op_type != "Shape" or n.domain not in ("", "ai.onnx") for n in shapes_of):
+        return None
+    # Ancestors of the Reshape's target (bounded): the Shapes' results may flow only into these.
+    ancestors, frontier = set(), [reshape.inputs[1]] if len(reshape.inputs) > 1 else []
+    while frontier and len(ancestors) < 64:
+        v = frontier.pop()
+        p = v.producer() if v is not None else None
+        if p is None or id(p) in ancestors:
+            continue
+        ancestors.add(id(p))
+        if p.op_type != "Shape":  # what a Shape reads is no part of the target's arithmetic
+            frontier.extend(p.inputs)
+    work, seen = list(shapes_of), set()
+    while work:
+        n = work.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if id(n) not in ancestors or len(seen) > 64:
+            return None
+        for out in n.outputs:
+            if out.is_graph_output():
+                return None
+            for u in out.uses():
+                if u.node is not reshape:
+                    work.append(u.node)
+                elif u.idx == 0:
+                    return None
+    return reshape

@@ -254,7 +254,8 @@ def projected_model(*, B=2, S=5, Sk=None, Hq=3, Hkv=None, D=8, Dv=None, shape_st
         and_range (bool padding mask AND (Range(Sq) >= 0), Expanded, Where: transformers' mask builder) |
         and_unknown (the same with an AND term that is not provably all True)
     out_consumer: None | graph_output (the transposed output is also a graph output)
-    out_reshape: merge (B, S, Hq*Dv) | wrong (B, S*Hq, Dv)
+    out_reshape: merge (B, S, Hq*Dv) | wrong (B, S*Hq, Dv) | shape_of (target = Shape(t)[:2] + (Hq*Dv,), as
+        GPT-2's export) | shape_of_used (that Shape is also a graph output)
     dynamic: the inputs' batch and sequence dims are symbols ("batch", "seq", "kv_seq")
     """
     Hkv = Hkv or Hq
@@ -329,8 +330,15 @@ def projected_model(*, B=2, S=5, Sk=None, Hq=3, Hkv=None, D=8, Dv=None, shape_st
     t = g.op("Transpose", y4, perm=[0, 2, 1, 3])
     if out_consumer == "graph_output":
         g.out(t, dtype, [b_dim, s_dim, Hq, Dv])
-    target = [0, 0, Hq * Dv] if out_reshape == "merge" else [B, S * Hq, Dv]
-    g.op("Reshape", t, g.const(target, np.int64))
+    if out_reshape in ("shape_of", "shape_of_used"):  # GPT-2: x.size()[:-2] + (H*Dv,)
+        sh = g.op("Shape", t)
+        if out_reshape == "shape_of_used":
+            g.out(sh, TensorProto.INT64, [4])
+        lead = g.op("Slice", sh, g.const([0], np.int64), g.const([2], np.int64))
+        target = g.op("Concat", lead, g.const([Hq * Dv], np.int64), axis=0)
+    else:
+        target = g.const([0, 0, Hq * Dv] if out_reshape == "merge" else [B, S * Hq, Dv], np.int64)
+    g.op("Reshape", t, target)
     g.nodes[-1].output[0] = "y"
-    g.out("y", dtype, [b_dim, s_dim, Hq * Dv] if out_reshape == "merge" else [B, S * Hq, Dv])
+    g.out("y", dtype, [B, S * Hq, Dv] if out_reshape == "wrong" else [b_dim, s_dim, Hq * Dv])
     return g.model()

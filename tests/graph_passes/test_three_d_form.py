@@ -105,7 +105,17 @@ def test_a_split_tensor_with_other_consumers_is_kept():
     assert_same_outputs(model, out, _feeds(model))
 
 
+def test_output_target_from_the_transposed_shape():
+    """GPT-2 computes the merged shape from Shape(transposed output): those Shapes go with the Reshape."""
+    model = projected_model(out_reshape="shape_of", shape_style="shape_of", dynamic=True, mask=None)
+    out, node, details = _fused_one(model)
+    assert details["three_d"] is True and node.output[0] == "y"
+    assert _ops(out) == ["FusedAttention"]
+    assert_same_outputs(model, out, _feeds(model, {"batch": 2, "seq": 4, "kv_seq": 4}))
+
+
 @pytest.mark.parametrize("kw,why", [
+    ({"out_reshape": "shape_of_used"}, "does not feed one Reshape only"),
     ({"out_consumer": "graph_output"}, "does not feed one Reshape only"),
     ({"out_reshape": "wrong"}, "merge"),
     ({"shape_style": "input"}, "Q is not a (B, S, H*D) tensor"),
