@@ -66,6 +66,12 @@ def test_quick_cpu_run_end_to_end(tmp_path, dtype):
         assert models[name]["fused_ops"]["FusedAttention"] == layers
         assert "Softmax" not in models[name]["fused_ops"]
         assert models[name]["placement"]["FusedAttention"] == {"CPU": layers}
+        # The 3-D form: no per-layer Reshape/Transpose left; the mask read un-expanded.
+        assert models[name]["report"]["three_d"] == layers, models[name]["report"]
+        assert models[name]["report"]["mask_unbroadcast"] == layers, models[name]["report"]
+        assert "Transpose" not in models[name]["placement"] and "Expand" not in models[name]["placement"]
+        reshapes = models[name]["placement"].get("Reshape", {}).get("CPU", 0)
+        assert reshapes <= models["unfused"]["placement"]["Reshape"]["CPU"] - 4 * layers  # 4 per layer went
     assert models["ort+opsfuse"]["fused_ops"].get("SkipLayerNormalization")
     assert {(a["seq"], a["mask"]) for a in result["accuracy"]} == {(32, "padded"), (32, "ones")}
     for row in result["accuracy"]:
@@ -75,6 +81,7 @@ def test_quick_cpu_run_end_to_end(tmp_path, dtype):
         assert row["speedup_vs_ort_optimized"]["opsfuse"] > 0
     md = (out / "bert_e2e.md").read_text()
     assert "| 32 | padded |" in md and "1.90" in md and "FusedAttention 2" in md
+    assert "3-D form (B, S, H·D) 2, mask read un-expanded 2" in md
     assert not list(tmp_path.glob("opsfuse_bert_*")), "the temporary models were not removed"
 
 

@@ -11,7 +11,9 @@ Everything is built on the machine that runs it (nothing downloaded, no model ca
      unfused         the plain export
      ort_optimized   onnxruntime.transformers.optimizer.optimize_model (model_type bert, opt_level 1 as
                      its docs recommend, use_gpu for cuda): Attention, SkipLayerNormalization, BiasGelu, ...
-     opsfuse         the plain export rewritten by opsfuse's pass (the CLI's API): one FusedAttention per layer
+     opsfuse         the plain export rewritten by opsfuse's pass (the CLI's API): one FusedAttention per layer,
+                     in the 3-D form (reads the Q/K/V projections; the export's Reshape/Transpose pairs go)
+                     with the (B, 1, S, S) mask read as the (B, 1, 1, S) tensor it was expanded from
      ort+opsfuse     optimize_model with attention fusion off, then the opsfuse rewrite
 3. session.run with host (numpy) inputs, ORT_ENABLE_ALL, the opsfuse library registered, CUDA EP
    for cuda; batch 8 x S in --seqs, a padding-style mask (a zero tail on most rows) and an all-ones
@@ -282,7 +284,11 @@ def opsfuse_rewrite(src: Path, dst: Path) -> dict:
     model_io.save(model, dst, external_data=False)
     cap_ir_version(dst)
     info = op_counts(dst)
+    fused = [c.details for c in report.candidates if c.fused]
     info["report"] = {"found": report.found, "fused": report.fused,
+                      "three_d": sum(bool(d.get("three_d")) for d in fused),
+                      "mask_unbroadcast": sum(bool(d.get("mask_unbroadcast")) for d in fused),
+                      "three_d_why_not": sorted({d["three_d_why_not"] for d in fused if d.get("three_d_why_not")}),
                       "left_alone": [{"nodes": c.nodes, "reason": c.reason} for c in report.left],
                       "other_softmax": list(report.other_softmax), "seconds": round(report.seconds, 2)}
     info["report_text"] = report.format()
@@ -481,7 +487,10 @@ def markdown(result: dict) -> str:
         rep = result["models"][name]["report"]
         lines.append("")
         lines.append(f"- {name}: rewrite found {rep['found']} attention candidates, fused {rep['fused']} "
-                     f"(expected {result['meta']['config']['num_hidden_layers']})")
+                     f"(expected {result['meta']['config']['num_hidden_layers']}); 3-D form (B, S, H·D) "
+                     f"{rep.get('three_d', 0)}, mask read un-expanded {rep.get('mask_unbroadcast', 0)}")
+        for why in rep.get("three_d_why_not", []):
+            lines.append(f"  - 4-D form kept: {why}")
         for c in rep["left_alone"]:
             lines.append(f"  - left alone {c['nodes']}: {c['reason']}")
         if result["models"][name].get("missed_layers_why"):
