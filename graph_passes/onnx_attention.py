@@ -3,9 +3,8 @@
 FusedAttention's semantics are those of ONNX Attention without past/present, so the conversion
 is one-to-one:
 
-- 4-D Q, K, V (B, H, S, D) go in as they are; the 3-D form (B, S, H*D) with ``q_num_heads`` /
-  ``kv_num_heads`` gets Reshape (B, S, H, D) + Transpose (0, 2, 1, 3) on each input and the
-  inverse on Y, as the operator's own definition does.
+- Q, K, V go in as they are, 4-D (B, H, S, D) or 3-D (B, S, H*D) with ``q_num_heads`` /
+  ``kv_num_heads`` copied: FusedAttention's 3-D form is the operator's own.
 - ``scale`` is copied (absent: both default to 1/sqrt(D)); ``attn_mask`` (bool or Q's type)
   is copied; ``is_causal`` = 1 without a cache is upper-left aligned, as FusedAttention's 1;
   opset 24's ``nonpad_kv_seqlen`` becomes ``key_lengths``.
@@ -133,13 +132,6 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
                 pad_mask, mask_rank, dtype_of(mask, shapes) if mask is not None else None)
 
 
-def _to_bnsh(new_nodes, x: ir.Value, heads: int, name: str) -> ir.Value:
-    shape = emit.node(new_nodes, "Constant", [], {"value": ir.tensor([0, 0, heads, -1], dtype=ir.DataType.INT64,
-                                                                      name=f"{name}_shape")}, f"{name}_shape")
-    x4 = emit.node(new_nodes, "Reshape", [x, shape], name=f"{name}_reshape")
-    return emit.node(new_nodes, "Transpose", [x4], {"perm": [0, 2, 1, 3]}, f"{name}_transpose")
-
-
 def _pad_mask(new_nodes, mask: ir.Value, k: ir.Value, seq_axis: int, plan: Plan, name: str) -> ir.Value:
     """Pad(mask, last axis to K's length, False / -inf): ONNX Attention's rule for a short mask."""
     import numpy as np
@@ -164,23 +156,13 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
     new_nodes: list[ir.Node] = []
     q, k, v = n.inputs[0], n.inputs[1], n.inputs[2]
     y_old = n.outputs[0]
-    if plan.three_d:
-        q = _to_bnsh(new_nodes, q, plan.q_heads, f"{base}/Q")
-        k = _to_bnsh(new_nodes, k, plan.kv_heads, f"{base}/K")
-        v = _to_bnsh(new_nodes, v, plan.kv_heads, f"{base}/V")
     mask = plan.mask
     if plan.pad_mask:
         mask = _pad_mask(new_nodes, mask, n.inputs[1], 1 if plan.three_d else 2, plan, f"{base}/mask_pad")
     fused = emit.fused_attention(new_nodes, q, k, v, mask, plan.key_lengths, scale=plan.scale,
                                  is_causal=plan.is_causal, softcap=plan.softcap, name=f"{base}/FusedAttention",
-                                 like=None if plan.three_d else y_old)
+                                 like=y_old, heads=(plan.q_heads, plan.kv_heads) if plan.three_d else None)
     y = fused.outputs[0]
-    if plan.three_d:
-        y = emit.node(new_nodes, "Transpose", [y], {"perm": [0, 2, 1, 3]}, f"{base}/Y_transpose")
-        shape = emit.node(new_nodes, "Constant", [], {"value": ir.tensor([0, 0, -1], dtype=ir.DataType.INT64,
-                                                                          name=f"{base}/Y_shape")}, f"{base}/Y_shape")
-        y = emit.node(new_nodes, "Reshape", [y, shape], name=f"{base}/Y_reshape")
-        y.type, y.shape = y_old.type, y_old.shape
     graph.insert_before(n, new_nodes)
     emit.replace_output(graph, y_old, y)
     emit.remove_dead(graph, [n])

@@ -47,6 +47,10 @@ def test_four_d(kw):
 def test_three_d(hkv):
     model = onnx_attention_model(three_d=True, Hkv=hkv, mask="bool")
     out, node = _fused_one(model)
+    a = attrs(node)
+    assert (a["q_num_heads"], a["kv_num_heads"]) == (4, hkv), "the operator's 3-D form is FusedAttention's"
+    assert list(node.input[:3]) == ["q", "k", "v"] and node.output[0] == "y"
+    assert [n.op_type for n in out.graph.node] == ["FusedAttention"]
     assert_same_outputs(model, out, random_feeds(model))
 
 
