@@ -31,6 +31,8 @@ PAIRS = {
     "kAttrQNumHeads": "ATTR_Q_NUM_HEADS",
     "kAttrKvNumHeads": "ATTR_KV_NUM_HEADS",
     "kDefaultNumHeads": "DEFAULT_NUM_HEADS",
+    "kAttrPackedQkv": "ATTR_PACKED_QKV",
+    "kDefaultPackedQkv": "DEFAULT_PACKED_QKV",
     "kDefaultSoftcap": "DEFAULT_SOFTCAP",
     "kDefaultIsCausal": "DEFAULT_IS_CAUSAL",
     "kCausalNone": "CAUSAL_NONE",

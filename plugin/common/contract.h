@@ -35,6 +35,10 @@ inline constexpr const char* kAttrSoftcap = "softcap";      // float; 0 disables
 inline constexpr const char* kAttrQNumHeads = "q_num_heads";    // int; 0 = absent
 inline constexpr const char* kAttrKvNumHeads = "kv_num_heads";  // int; 0 = absent
 inline constexpr int kDefaultNumHeads = 0;
+// Packed Q/K/V (3-D form only): Q, K, V are each the packed projection (B, S, (Hq + 2*Hkv)*D),
+// read as the column windows [0, Hq*D), [Hq*D, (Hq+Hkv)*D), [(Hq+Hkv)*D, (Hq+2*Hkv)*D).
+inline constexpr const char* kAttrPackedQkv = "packed_qkv";  // int; 0 or 1
+inline constexpr int kDefaultPackedQkv = 0;
 inline constexpr float kDefaultSoftcap = 0.0f;
 inline constexpr int kDefaultIsCausal = 0;
 

@@ -92,6 +92,11 @@ std::string check_attributes(const AttentionAttributes& a) {
   } else if (a.q_num_heads > 0 && a.kv_num_heads > 0 && a.q_num_heads % a.kv_num_heads != 0) {
     os << "attribute 'q_num_heads' (" << a.q_num_heads << ") must be a multiple of attribute 'kv_num_heads' ("
        << a.kv_num_heads << ")";
+  } else if (a.packed_qkv != 0 && a.packed_qkv != 1) {
+    os << "attribute 'packed_qkv' must be 0 or 1, got " << a.packed_qkv;
+  } else if (a.packed_qkv == 1 && (a.q_num_heads <= 0 || a.kv_num_heads <= 0)) {
+    os << "attribute packed_qkv = 1 requires attributes q_num_heads and kv_num_heads (the packed last "
+          "dimension is (q_num_heads + 2*kv_num_heads) * head size)";
   }
   return os.str();
 }
@@ -136,7 +141,32 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
   }
   const bool packed = rank == static_cast<size_t>(kPackedTensorRank);
   std::vector<int64_t> q = qg, k = kg, v = vg;
-  if (packed) {
+  if (attrs.packed_qkv == 1) {
+    // Packed Q/K/V: each input is (B, S, W) with W = (Hq + 2*Hkv)*D; Q, K, V are column windows.
+    if (!packed) {
+      os << "attribute packed_qkv = 1 needs the 3-D form: Q, K and V must each be the packed (B, S, "
+            "(q_num_heads + 2*kv_num_heads)*D) tensor, got rank-4 inputs Q "
+         << shape_str(qg) << ", K " << shape_str(kg) << ", V " << shape_str(vg);
+      return os.str();
+    }
+    if (kg != qg || vg != qg) {
+      os << "with packed_qkv = 1, Q, K and V must have the same shape (the packed (B, S, (q_num_heads + "
+            "2*kv_num_heads)*D) tensor, normally one tensor given three times), got Q "
+         << shape_str(qg) << ", K " << shape_str(kg) << ", V " << shape_str(vg);
+      return os.str();
+    }
+    const int64_t columns = attrs.q_num_heads + 2 * attrs.kv_num_heads;
+    if (qg[2] % columns != 0) {
+      os << "with packed_qkv = 1, the packed last dimension " << qg[2] << " must be a multiple of q_num_heads + "
+         << "2*kv_num_heads = " << attrs.q_num_heads << " + 2*" << attrs.kv_num_heads << " = " << columns
+         << " (Q, K, V have shape " << shape_str(qg) << ")";
+      return os.str();
+    }
+    const int64_t d = qg[2] / columns;
+    q = {qg[0], attrs.q_num_heads, qg[1], d};
+    k = {qg[0], attrs.kv_num_heads, qg[1], d};
+    v = k;
+  } else if (packed) {
     std::string e = unpack_3d("Q", qg, kAttrQNumHeads, attrs.q_num_heads, &q);
     if (e.empty()) e = unpack_3d("K", kg, kAttrKvNumHeads, attrs.kv_num_heads, &k);
     if (e.empty()) e = unpack_3d("V", vg, kAttrKvNumHeads, attrs.kv_num_heads, &v);
@@ -198,9 +228,19 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
   p->seq_k = k[2];
   p->head_dim = q[3];
   p->head_dim_v = v[3];
-  strides(q, packed, p->q_stride);
-  strides(k, packed, p->k_stride);
-  strides(v, packed, p->v_stride);
+  if (attrs.packed_qkv == 1) {
+    // Rows of W = (Hq + 2*Hkv)*D elements; head h of a window starts h*D into it.
+    const int64_t row = qg[2];
+    for (int64_t* st : {p->q_stride, p->k_stride, p->v_stride}) {
+      st[0] = qg[1] * row;
+      st[1] = q[3];
+      st[2] = row;
+    }
+  } else {
+    strides(q, packed, p->q_stride);
+    strides(k, packed, p->k_stride);
+    strides(v, packed, p->v_stride);
+  }
   strides({q[0], q[1], q[2], v[3]}, packed, p->y_stride);
 
   // Mask: numpy broadcasting, right-aligned, from rank 2 to 4.
@@ -258,6 +298,25 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
   p->softcap = attrs.softcap;
   p->is_causal = static_cast<int32_t>(attrs.is_causal);
   return std::string();
+}
+
+int64_t packed_k_offset(const AttentionAttributes& attrs, const AttentionParams& p) {
+  return attrs.packed_qkv == 1 ? p.heads_q * p.head_dim : 0;
+}
+
+int64_t packed_v_offset(const AttentionAttributes& attrs, const AttentionParams& p) {
+  return attrs.packed_qkv == 1 ? (p.heads_q + p.heads_kv) * p.head_dim : 0;
+}
+
+void set_qkv_pointers(const AttentionAttributes& attrs, const void* q, const void* k, const void* v,
+                      AttentionParams* p) {
+  const int64_t elem = p->dtype == DType::kFloat32 ? 4 : 2;
+  auto at = [elem](const void* base, int64_t offset) -> const void* {
+    return base == nullptr ? nullptr : static_cast<const char*>(base) + offset * elem;
+  };
+  p->q = q;
+  p->k = at(k, packed_k_offset(attrs, *p));
+  p->v = at(v, packed_v_offset(attrs, *p));
 }
 
 std::string check_key_lengths(const AttentionParams& p) {

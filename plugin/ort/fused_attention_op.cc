@@ -123,6 +123,7 @@ OrtStatusPtr FusedAttentionOp::CreateKernelV2(const OrtApi& api, const OrtKernel
     if (err.empty()) err = read_int_attr(api, info, contract::kAttrIsCausal, &config.attrs.is_causal);
     if (err.empty()) err = read_int_attr(api, info, contract::kAttrQNumHeads, &config.attrs.q_num_heads);
     if (err.empty()) err = read_int_attr(api, info, contract::kAttrKvNumHeads, &config.attrs.kv_num_heads);
+    if (err.empty()) err = read_int_attr(api, info, contract::kAttrPackedQkv, &config.attrs.packed_qkv);
     if (err.empty()) err = check_attributes(config.attrs);
     if (!err.empty()) return api.CreateStatus(ORT_INVALID_ARGUMENT, node_message(config.node_name, err).c_str());
 
@@ -168,9 +169,7 @@ OrtStatusPtr FusedAttentionKernel::ComputeV2(OrtKernelContext* context) {
     AttentionParams p;
     std::string err = check_inputs_and_fill(desc, config_.attrs, &p);
     if (!err.empty()) return error(ORT_INVALID_ARGUMENT, err);
-    p.q = data[contract::kInputQ];
-    p.k = data[contract::kInputK];
-    p.v = data[contract::kInputV];
+    set_qkv_pointers(config_.attrs, data[contract::kInputQ], data[contract::kInputK], data[contract::kInputV], &p);
     p.mask = data[contract::kInputMask];
     p.key_lengths = data[contract::kInputKeyLengths];
 

@@ -1,6 +1,6 @@
 // ORT custom-op type and shape inference for FusedAttention: Y = (B, Hq, Sq, Dv), or for the 3-D
-// form (B, Sq, Hq*Dv) with Hq*Dv = q_num_heads * (V's last dimension / kv_num_heads); element
-// type of Q. Symbolic dimensions carry over, so nodes after the op keep their shapes. Inference never fails
+// form (B, Sq, Hq*Dv) with Hq*Dv = q_num_heads * (V's last dimension / kv_num_heads) (packed_qkv = 1:
+// q_num_heads * (Q's last dimension / (q_num_heads + 2*kv_num_heads))); element type of Q. Symbolic dimensions carry over, so nodes after the op keep their shapes. Inference never fails
 // the model load: where an input shape is unknown the output is left with unknown dimensions,
 // and the kernel reports a bad shape with a clear message at run time.
 #include <atomic>
@@ -96,9 +96,12 @@ OrtStatusPtr infer_output_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
     y.resize(contract::kPackedTensorRank);
     y[0] = q[0];
     y[1] = q[1];
-    if (have_v && v.size() == static_cast<size_t>(contract::kPackedTensorRank)) {
-      const int64_t hq = read_int_attr(api, ctx, contract::kAttrQNumHeads);
-      const int64_t hkv = read_int_attr(api, ctx, contract::kAttrKvNumHeads);
+    const int64_t hq = read_int_attr(api, ctx, contract::kAttrQNumHeads);
+    const int64_t hkv = read_int_attr(api, ctx, contract::kAttrKvNumHeads);
+    if (read_int_attr(api, ctx, contract::kAttrPackedQkv) == 1) {
+      // Packed Q/K/V: Y's last dimension is Hq * D with D = W / (Hq + 2*Hkv), W Q's last dimension.
+      y[2].value = packed_qkv_output_hidden(q[2].value, hq, hkv);
+    } else if (have_v && v.size() == static_cast<size_t>(contract::kPackedTensorRank)) {
       if (hq > 0 && hq == hkv) {
         y[2] = v[2];  // Hq * Dv = V's last dimension, known or symbolic
       } else {

@@ -31,6 +31,10 @@ ATTR_SOFTCAP = "softcap"  # float; 0 disables
 ATTR_Q_NUM_HEADS = "q_num_heads"  # int; 0 = absent
 ATTR_KV_NUM_HEADS = "kv_num_heads"  # int; 0 = absent
 DEFAULT_NUM_HEADS = 0
+# Packed Q/K/V (3-D form only): Q, K, V are each the packed projection (B, S, (Hq + 2*Hkv)*D),
+# read as the column windows [0, Hq*D), [Hq*D, (Hq+Hkv)*D), [(Hq+Hkv)*D, (Hq+2*Hkv)*D).
+ATTR_PACKED_QKV = "packed_qkv"  # int; 0 or 1
+DEFAULT_PACKED_QKV = 0
 DEFAULT_SOFTCAP = 0.0
 DEFAULT_IS_CAUSAL = 0
 

@@ -40,6 +40,26 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
     return x.transpose(0, 2, 1, 3).reshape(b, s, h * d)
 
 
+def packed_qkv_windows(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_num_heads: int,
+                       kv_num_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The 3-D Q (B, S, Hq*D), K (B, S, Hkv*D), V (B, S, Hkv*D) that packed_qkv = 1 reads: the
+    column windows [0, Hq*D) of `q`, [Hq*D, (Hq+Hkv)*D) of `k` and [(Hq+Hkv)*D, (Hq+2*Hkv)*D) of
+    `v`, three inputs of one shape (B, S, (Hq + 2*Hkv)*D) (normally one tensor three times).
+    Returns views."""
+    shapes = (np.shape(q), np.shape(k), np.shape(v))
+    if len(shapes[0]) != contract.PACKED_TENSOR_RANK or len(set(shapes)) != 1:
+        raise ValueError(f"packed_qkv needs three rank-3 inputs of one shape, got {shapes}")
+    if not q_num_heads or not kv_num_heads or q_num_heads < 0 or kv_num_heads < 0:
+        raise ValueError("packed_qkv needs q_num_heads and kv_num_heads")
+    columns = q_num_heads + 2 * kv_num_heads
+    width = shapes[0][2]
+    if width % columns:
+        raise ValueError(f"packed last dimension {width} is not a multiple of q_num_heads + 2*kv_num_heads = {columns}")
+    d = width // columns
+    q_end, k_end = q_num_heads * d, (q_num_heads + kv_num_heads) * d
+    return q[..., :q_end], k[..., q_end:k_end], v[..., k_end:]
+
+
 def attention_reference(
     q: np.ndarray,
     k: np.ndarray,
@@ -51,11 +71,17 @@ def attention_reference(
     softcap: float = 0.0,
     q_num_heads: int | None = None,
     kv_num_heads: int | None = None,
+    packed_qkv: int = 0,
 ) -> np.ndarray:
     """FusedAttention in float64. Inputs of any float dtype (bfloat16 via ml_dtypes or float32
     upcast by the caller); returns float64 of shape (B, Hq, Sq, Dv), or for the 3-D form
     (Q (B, Sq, Hq*D), K (B, Sk, Hkv*D), V (B, Sk, Hkv*Dv), with q_num_heads and kv_num_heads)
-    of shape (B, Sq, Hq*Dv)."""
+    of shape (B, Sq, Hq*Dv). With packed_qkv = 1, Q, K and V are each the packed
+    (B, S, (Hq + 2*Hkv)*D) tensor, read as column windows (packed_qkv_windows); Y is (B, S, Hq*D)."""
+    if packed_qkv not in (0, 1):
+        raise ValueError(f"packed_qkv must be 0 or 1, got {packed_qkv}")
+    if packed_qkv:
+        q, k, v = packed_qkv_windows(q, k, v, q_num_heads, kv_num_heads)
     ranks = (np.ndim(q), np.ndim(k), np.ndim(v))
     if len(set(ranks)) != 1 or ranks[0] not in (contract.TENSOR_RANK, contract.PACKED_TENSOR_RANK):
         raise ValueError(f"Q, K and V must all have rank 4 or all rank 3, got ranks {ranks}")

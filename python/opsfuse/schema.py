@@ -1,6 +1,6 @@
 """The FusedAttention schema for the ``onnx`` package, so that ``onnx.checker`` and
 ``onnx.shape_inference`` accept models that use the op and infer its output: (B, Hq, Sq, Dv), or
-(B, Sq, Hq*Dv) for the 3-D form. A node that breaks the contract in a way its input shapes and
+(B, Sq, Hq*Dv) for the 3-D form, (B, S, Hq*D) for packed Q/K/V (``packed_qkv`` = 1). A node that breaks the contract in a way its input shapes and
 attributes already show (mixed ranks, a missing head count, a hidden size that is not a multiple
 of it) fails shape inference with an ``InferenceError`` naming FusedAttention and the problem.
 
@@ -54,6 +54,35 @@ def _known(dim) -> int | None:
     return dim.dim_value if dim.HasField("dim_value") else None
 
 
+def _infer_packed_qkv(ctx, out, rank, shapes, hq: int, hkv: int) -> None:
+    """packed_qkv = 1: Q, K, V each the packed (B, S, (Hq + 2*Hkv)*D) tensor; Y = (B, S, Hq*D)."""
+    if rank == contract.TENSOR_RANK:
+        _fail(ctx, "attribute packed_qkv = 1 needs the 3-D form (Q, K, V each the packed (B, S, "
+                   "(q_num_heads + 2*kv_num_heads)*D) tensor), got rank-4 inputs")
+    if hq <= 0 or hkv <= 0:
+        _fail(ctx, "attribute packed_qkv = 1 requires attributes q_num_heads and kv_num_heads")
+    columns = hq + 2 * hkv
+    known_shapes = [[_known(d) for d in s.dim] for s in shapes if s is not None]
+    for axis in range(contract.PACKED_TENSOR_RANK):
+        values = {dims[axis] for dims in known_shapes if dims[axis] is not None}
+        if len(values) > 1:
+            _fail(ctx, f"with packed_qkv = 1, Q, K and V must have the same shape, got dimension {axis} "
+                       f"sizes {sorted(values)}")
+    q_shape = shapes[0]
+    if q_shape is None:
+        return
+    hidden = _known(q_shape.dim[2])
+    if hidden is not None and hidden % columns:
+        _fail(ctx, f"with packed_qkv = 1, the packed last dimension {hidden} must be a multiple of "
+                   f"q_num_heads + 2*kv_num_heads = {columns}")
+    dims = out.tensor_type.shape.dim
+    dims.add().CopyFrom(q_shape.dim[0])
+    dims.add().CopyFrom(q_shape.dim[1])
+    last = dims.add()
+    if hidden is not None:
+        last.dim_value = hq * (hidden // columns)
+
+
 def _infer(ctx) -> None:
     """Y = (B, Hq, Sq) of Q and Dv of V (4-D form), or (B, Sq) of Q and q_num_heads * (V's last
     dimension / kv_num_heads) (3-D form), with Q's element type."""
@@ -75,6 +104,13 @@ def _infer(ctx) -> None:
         _fail(ctx, "Q, K and V must all have rank 4 (B, H, S, D) or all rank 3 (B, S, H*D), got ranks "
                    + ", ".join("?" if r is None else str(r) for r in ranks))
     rank = known.pop() if known else None
+    packed_qkv = _int_attr(ctx, contract.ATTR_PACKED_QKV)
+    if packed_qkv not in (0, 1):
+        _fail(ctx, f"attribute 'packed_qkv' must be 0 or 1, got {packed_qkv}")
+    if packed_qkv == 1:
+        _infer_packed_qkv(ctx, out, rank, (q_shape, k_shape, v_shape), hq, hkv)
+        ctx.set_output_type(contract.OUTPUT_Y, out)
+        return
     if rank == contract.PACKED_TENSOR_RANK:
         for name, shape, attr, heads in (("Q", q_shape, contract.ATTR_Q_NUM_HEADS, hq),
                                          ("K", k_shape, contract.ATTR_KV_NUM_HEADS, hkv),
@@ -128,7 +164,7 @@ def build_schema() -> defs.OpSchema:
             P("attn_mask", "M", "broadcastable to (B, Hq, Sq, Sk); bool (True = attend) or T (added)", param_option=opt),
             P("key_lengths", "L", "(B,); keys at positions >= key_lengths[b] are masked", param_option=opt),
         ],
-        outputs=[P("Y", "T", "(B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs")],
+        outputs=[P("Y", "T", "(B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs, (B, S, Hq*D) packed")],
         type_constraints=[
             ("T", _VALUE_TYPES, "Q, K, V and Y"),
             ("M", ["tensor(bool)"] + _VALUE_TYPES, "bool, or the type of Q"),
@@ -142,6 +178,8 @@ def build_schema() -> defs.OpSchema:
               required=False),
             A(contract.ATTR_KV_NUM_HEADS, AT.INT, "Hkv; required with 3-D inputs, else equal to K's dim 1",
               required=False),
+            A(contract.ATTR_PACKED_QKV, AT.INT, "1: Q, K, V are each the packed (B, S, (Hq+2*Hkv)*D) projection, "
+              "read as column windows (3-D form only)", required=False),
             A(ATTR_PLUGIN_VERSION, AT.STRING, "TensorRT plugin version", required=False),
             A(ATTR_PLUGIN_NAMESPACE, AT.STRING, "TensorRT plugin namespace", required=False),
         ],
