@@ -94,6 +94,8 @@ std::string parse_fields(const nvinfer1::PluginFieldCollection* fc, AttentionAtt
       err = read_int(f, &attrs->q_num_heads);
     } else if (std::strcmp(f.name, contract::kAttrKvNumHeads) == 0) {
       err = read_int(f, &attrs->kv_num_heads);
+    } else if (std::strcmp(f.name, contract::kAttrPackedQkv) == 0) {
+      err = read_int(f, &attrs->packed_qkv);
     } else if (std::strcmp(f.name, kFieldWorkspaceBytes) == 0) {
       err = read_int(f, workspace_budget);
       if (err.empty() && *workspace_budget < 0) err = "field 'workspace_bytes' must be >= 0";
@@ -101,7 +103,7 @@ std::string parse_fields(const nvinfer1::PluginFieldCollection* fc, AttentionAtt
       continue;  // lookup keys of the ONNX node, not attributes of the op
     } else {
       err = std::string("unknown field '") + f.name +
-            "'; FusedAttention takes scale, is_causal, softcap, q_num_heads and kv_num_heads";
+            "'; FusedAttention takes scale, is_causal, softcap, q_num_heads, kv_num_heads and packed_qkv";
     }
     if (!err.empty()) return err;
   }
@@ -116,6 +118,8 @@ FusedAttentionCreator::FusedAttentionCreator() {
   // Head counts of the 3-D form (B, S, H*D); required with 3-D inputs.
   field_names_.emplace_back(contract::kAttrQNumHeads, nullptr, PluginFieldType::kINT32, 1);
   field_names_.emplace_back(contract::kAttrKvNumHeads, nullptr, PluginFieldType::kINT32, 1);
+  // 1: Q, K, V are each the packed (B, S, (Hq + 2*Hkv)*D) projection (3-D form only).
+  field_names_.emplace_back(contract::kAttrPackedQkv, nullptr, PluginFieldType::kINT32, 1);
   field_collection_.nbFields = static_cast<int32_t>(field_names_.size());
   field_collection_.fields = field_names_.data();
 }

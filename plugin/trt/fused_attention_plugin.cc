@@ -257,6 +257,42 @@ std::string FusedAttentionPlugin::packed_output_shape(const DimsExprs& q, const 
   return std::string();
 }
 
+// Packed Q/K/V: the three inputs are one (B, S, W) shape (normally one tensor three times), W a
+// multiple of Hq + 2*Hkv; Y = (B, S, Hq * (W / (Hq + 2*Hkv))), an expression of Q's W.
+std::string FusedAttentionPlugin::packed_qkv_output_shape(const DimsExprs& q, const DimsExprs& k, const DimsExprs& v,
+                                                          nvinfer1::IExprBuilder& expr_builder, DimsExprs* y) const {
+  const int64_t hq = attrs_.q_num_heads, hkv = attrs_.kv_num_heads;
+  if (q.nbDims != contract::kPackedTensorRank) {
+    return "attribute packed_qkv = 1 needs the 3-D form: Q, K and V must each be the packed (B, S, "
+           "(q_num_heads + 2*kv_num_heads)*D) tensor, got rank " + std::to_string(q.nbDims);
+  }
+  if (hq <= 0 || hkv <= 0) return "attribute packed_qkv = 1 requires attributes q_num_heads and kv_num_heads";
+  for (int i = 0; i < contract::kPackedTensorRank; ++i) {
+    if (known_to_differ(q.d[i], k.d[i]) || known_to_differ(q.d[i], v.d[i])) {
+      return "with packed_qkv = 1, Q, K and V must have the same shape (dimension " + std::to_string(i) + " differs)";
+    }
+  }
+  const int64_t columns = hq + 2 * hkv;
+  const int64_t width = constant_or_unknown(q.d[2]);
+  if (width >= 0 && width % columns != 0) {
+    return "with packed_qkv = 1, the packed last dimension " + std::to_string(width) +
+           " must be a multiple of q_num_heads + 2*kv_num_heads = " + std::to_string(columns);
+  }
+  if (width >= 0 && (width / columns < 1 || width / columns > contract::kMaxHeadDim)) {
+    return "unsupported head size " + std::to_string(width / columns) + "; D must be in 1.." +
+           std::to_string(contract::kMaxHeadDim);
+  }
+  y->nbDims = contract::kPackedTensorRank;
+  y->d[0] = q.d[0];
+  y->d[1] = q.d[1];
+  const IDimensionExpr* d = expr_builder.operation(nvinfer1::DimensionOperation::kFLOOR_DIV, *q.d[2],
+                                                   *expr_builder.constant(columns));
+  y->d[2] = d == nullptr ? nullptr
+                         : expr_builder.operation(nvinfer1::DimensionOperation::kPROD, *expr_builder.constant(hq), *d);
+  if (y->d[2] == nullptr) return "could not build the expression of Y's last dimension";
+  return std::string();
+}
+
 int32_t FusedAttentionPlugin::getOutputShapes(const DimsExprs* inputs, int32_t nb_inputs, const DimsExprs*,
                                               int32_t nb_shape_inputs, DimsExprs* outputs, int32_t nb_outputs,
                                               nvinfer1::IExprBuilder& expr_builder) noexcept {
@@ -287,7 +323,9 @@ int32_t FusedAttentionPlugin::getOutputShapes(const DimsExprs* inputs, int32_t n
     const DimsExprs& k = inputs[contract::kInputK];
     const DimsExprs& v = inputs[contract::kInputV];
     DimsExprs& y = outputs[contract::kOutputY];
-    if (q.nbDims == contract::kPackedTensorRank) {
+    if (attrs_.packed_qkv == 1) {
+      err = packed_qkv_output_shape(q, k, v, expr_builder, &y);
+    } else if (q.nbDims == contract::kPackedTensorRank) {
       err = packed_output_shape(q, k, v, expr_builder, &y);
     } else {
       err = output_shape_4d(q, k, v, &y);
@@ -391,7 +429,7 @@ size_t FusedAttentionPlugin::getWorkspaceSize(const DynamicPluginTensorDesc* inp
       // No data exists at build time; present inputs get a placeholder address so the launcher
       // sees which optional inputs exist (it never dereferences them here).
       static const char kPlaceholder[16] = {};
-      p.q = p.k = p.v = kPlaceholder;
+      set_qkv_pointers(attrs_, kPlaceholder, kPlaceholder, kPlaceholder, &p);  // packed windows: same offsets
       p.y = const_cast<char*>(kPlaceholder);
       if (nb_inputs > contract::kInputMask) p.mask = kPlaceholder;
       if (nb_inputs > contract::kInputKeyLengths) p.key_lengths = kPlaceholder;
@@ -416,7 +454,8 @@ const char* FusedAttentionPlugin::getMetadataString() noexcept {
     metadata_ = std::string("scale=") + (attrs_.has_scale ? fmt_float(attrs_.scale) : std::string("1/sqrt(D)")) +
                 ";is_causal=" + std::to_string(attrs_.is_causal) + ";softcap=" + fmt_float(attrs_.softcap) +
                 ";q_num_heads=" + std::to_string(attrs_.q_num_heads) +
-                ";kv_num_heads=" + std::to_string(attrs_.kv_num_heads);
+                ";kv_num_heads=" + std::to_string(attrs_.kv_num_heads) +
+                ";packed_qkv=" + std::to_string(attrs_.packed_qkv);
     return metadata_.c_str();
   } catch (...) {
     return nullptr;
@@ -441,7 +480,7 @@ int32_t FusedAttentionPlugin::onShapeChange(const PluginTensorDesc* in, int32_t 
       const std::vector<int64_t> y = output_shape(p, static_cast<size_t>(in[contract::kInputQ].dims.nbDims));
       const nvinfer1::Dims& od = out[contract::kOutputY].dims;
       if (od.nbDims != static_cast<int32_t>(y.size()) || !std::equal(y.begin(), y.end(), od.d)) {
-        err = "output Y must have shape (B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs";
+        err = "output Y must have shape (B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs (packed Q/K/V: Hq*D)";
       }
     }
     if (!err.empty()) {
@@ -474,7 +513,7 @@ int32_t FusedAttentionPlugin::enqueue(const PluginTensorDesc* input_desc, const 
       const std::vector<int64_t> y = output_shape(p, descs[contract::kInputQ].shape.size());
       const nvinfer1::Dims& od = output_desc[contract::kOutputY].dims;
       if (od.nbDims != static_cast<int32_t>(y.size()) || !std::equal(y.begin(), y.end(), od.d)) {
-        err = "output Y must have shape (B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs";
+        err = "output Y must have shape (B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs (packed Q/K/V: Hq*D)";
       } else if (output_desc[contract::kOutputY].type != input_desc[contract::kInputQ].type) {
         err = "output Y must have the element type of Q";
       }
@@ -484,9 +523,7 @@ int32_t FusedAttentionPlugin::enqueue(const PluginTensorDesc* input_desc, const 
       return -1;
     }
     if (p.batch * p.heads_q * p.seq_q * p.head_dim_v == 0) return 0;  // empty output: nothing to write
-    p.q = inputs[contract::kInputQ];
-    p.k = inputs[contract::kInputK];
-    p.v = inputs[contract::kInputV];
+    set_qkv_pointers(attrs_, inputs[contract::kInputQ], inputs[contract::kInputK], inputs[contract::kInputV], &p);
     p.mask = nb_inputs_ > contract::kInputMask ? inputs[contract::kInputMask] : nullptr;
     p.key_lengths = nb_inputs_ > contract::kInputKeyLengths ? inputs[contract::kInputKeyLengths] : nullptr;
     p.y = outputs[contract::kOutputY];
@@ -540,6 +577,11 @@ const nvinfer1::PluginFieldCollection* FusedAttentionPlugin::getFieldsToSerializ
     }
     if (attrs_.kv_num_heads > 0) {
       fields_.emplace_back(contract::kAttrKvNumHeads, &field_kv_num_heads_, nvinfer1::PluginFieldType::kINT32, 1);
+    }
+    // packed_qkv only when set, so plans without it keep their fields as before.
+    field_packed_qkv_ = static_cast<int32_t>(attrs_.packed_qkv);
+    if (attrs_.packed_qkv != 0) {
+      fields_.emplace_back(contract::kAttrPackedQkv, &field_packed_qkv_, nvinfer1::PluginFieldType::kINT32, 1);
     }
     if (workspace_budget_ >= 0) {
       field_workspace_ = workspace_budget_;

@@ -75,6 +75,10 @@ class FusedAttentionPlugin final : public nvinfer1::IPluginV3,
   std::string packed_output_shape(const nvinfer1::DimsExprs& q, const nvinfer1::DimsExprs& k,
                                   const nvinfer1::DimsExprs& v, nvinfer1::IExprBuilder& expr_builder,
                                   nvinfer1::DimsExprs* y) const;
+  // packed_qkv = 1: Q, K, V each (B, S, W) with W = (Hq + 2*Hkv)*D; Y = (B, S, Hq * W / (Hq + 2*Hkv)).
+  std::string packed_qkv_output_shape(const nvinfer1::DimsExprs& q, const nvinfer1::DimsExprs& k,
+                                      const nvinfer1::DimsExprs& v, nvinfer1::IExprBuilder& expr_builder,
+                                      nvinfer1::DimsExprs* y) const;
 
   std::string node_name_;
   AttentionAttributes attrs_;
@@ -90,6 +94,7 @@ class FusedAttentionPlugin final : public nvinfer1::IPluginV3,
   float field_softcap_ = 0.0f;
   int32_t field_q_num_heads_ = 0;
   int32_t field_kv_num_heads_ = 0;
+  int32_t field_packed_qkv_ = 0;
   int64_t field_workspace_ = 0;
   std::vector<nvinfer1::PluginField> fields_;
   nvinfer1::PluginFieldCollection field_collection_{};

@@ -614,12 +614,13 @@ bool load_library(const char* path, Library* lib) {
     got.insert(names->fields[i].name);
     const bool is_int = std::strcmp(names->fields[i].name, "is_causal") == 0 ||
                         std::strcmp(names->fields[i].name, "q_num_heads") == 0 ||
-                        std::strcmp(names->fields[i].name, "kv_num_heads") == 0;
+                        std::strcmp(names->fields[i].name, "kv_num_heads") == 0 ||
+                        std::strcmp(names->fields[i].name, "packed_qkv") == 0;
     check(names->fields[i].type == (is_int ? PluginFieldType::kINT32 : PluginFieldType::kFLOAT32),
           std::string("field ") + names->fields[i].name + " advertised as int32 / float32");
   }
-  check(got == std::set<std::string>{"scale", "is_causal", "softcap", "q_num_heads", "kv_num_heads"},
-        "getFieldNames = {scale, is_causal, softcap, q_num_heads, kv_num_heads}");
+  check(got == std::set<std::string>{"scale", "is_causal", "softcap", "q_num_heads", "kv_num_heads", "packed_qkv"},
+        "getFieldNames = {scale, is_causal, softcap, q_num_heads, kv_num_heads, packed_qkv}");
   return true;
 }
 
