@@ -9,6 +9,7 @@ import onnx_ir as ir
 
 from .. import contract
 from . import mask_broadcast, onnx_attention, sdpa_subgraph
+from . import pack_qkv as pack_rule
 from .report import Candidate, Report
 from .sdpa_subgraph import Reject
 from .shape_info import infer_shapes
@@ -25,8 +26,12 @@ def _opset(model: ir.Model) -> int:
     return 1
 
 
-def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES) -> dict[str, int]:
-    """Rewrites `model` (onnx-ir, in place); returns {pass name: fused count}. Fills `report`."""
+def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *,
+                 pack_qkv: bool = False) -> dict[str, int]:
+    """Rewrites `model` (onnx-ir, in place); returns {pass name: fused count}. Fills `report`.
+
+    pack_qkv: also give the fused 3-D nodes one packed Q/K/V projection where they read three of
+    one tensor (``pack_qkv.py``; not bit-exact, so off by default); its count is under "pack_qkv"."""
     report = report if report is not None else Report()
     start = time.perf_counter()
     graph = model.graph
@@ -34,6 +39,8 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES) -
     softmaxes = [n for n in graph if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
     if not softmaxes and not any(onnx_attention.is_candidate(n) for n in graph):
         report.counts.update({p.NAME: 0 for p in passes})
+        if pack_qkv:
+            report.counts[pack_rule.NAME] = 0
         report.seconds = time.perf_counter() - start
         return dict(report.counts)
     shapes = infer_shapes(model)
@@ -66,6 +73,14 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES) -
     for cand in report.candidates:
         if cand.fused:
             cand.details["mask_unbroadcast"] = smaller.get(cand.fused_node, "")
+    if pack_qkv:
+        # Last: it replaces the projections the fused nodes read (the shapes map does not know the
+        # packed tensor, and nothing after this needs it).
+        packed = pack_rule.run(graph, fused_nodes, shapes, opset)
+        for cand in report.candidates:
+            if cand.fused and cand.fused_node in packed:
+                cand.details.update(packed[cand.fused_node])
+        report.counts[pack_rule.NAME] = sum(d["packed_qkv"] for d in packed.values())
     taken = {id(n) for n in softmaxes if n.graph is not graph}
     report.other_softmax = [n.name or "Softmax" for n in softmaxes
                             if id(n) not in taken and n.graph is graph and not sdpa_subgraph.is_candidate(n)]
@@ -75,8 +90,12 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES) -
     return dict(report.counts)
 
 
-def fuse_attention(model):
+def fuse_attention(model, *, pack_qkv: bool = False):
     """Fuses every provable attention subgraph into com.opsfuse::FusedAttention.
+
+    pack_qkv=True: where a fused node reads three projections MatMul(X, W) [+ b] of one X, one
+    MatMul on the concatenated weights feeds it as Q, K and V (``packed_qkv`` = 1). Not bit-exact
+    (a GEMM of another shape may round differently); the default rewrite is.
 
     `model` is an ``onnx.ModelProto`` (a rewritten copy is returned; the argument is not changed)
     or an ``onnx_ir.Model`` (rewritten in place and returned). Returns ``(model, report)``.
@@ -86,9 +105,9 @@ def fuse_attention(model):
         ir_model = ir.serde.deserialize_model(model)
         # deserialize_model shares nothing mutable with the proto, but its tensors may view the
         # proto's bytes: serialize before the caller can change them.
-        run_pipeline(ir_model, report)
+        run_pipeline(ir_model, report, pack_qkv=pack_qkv)
         return ir.serde.serialize_model(ir_model), report
     if isinstance(model, ir.Model):
-        run_pipeline(model, report)
+        run_pipeline(model, report, pack_qkv=pack_qkv)
         return model, report
     raise TypeError(f"fuse_attention takes an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+PACK_QKV = "pack_qkv"  # the opt-in pass that packs the Q/K/V projections (pack_qkv.py)
+
 
 @dataclasses.dataclass
 class Candidate:
@@ -66,9 +68,16 @@ class Report:
         """A short human-readable report."""
         lines = [f"attention candidates found: {self.found}, fused: {self.fused}, left alone: {len(self.left)}"]
         for name, count in self.counts.items():
-            lines.append(f"  {name}: {count} fused")
+            if name == PACK_QKV:
+                lines.append(f"  {name}: {count} of {self.fused} fused nodes read one packed Q/K/V projection "
+                             "(not bit-exact)")
+            else:
+                lines.append(f"  {name}: {count} fused")
         for c in self.left:
             lines.append(f"  left alone [{', '.join(c.nodes)}]: {c.reason}")
+        for c in self.candidates:
+            if c.fused and c.details.get("packed_qkv_why_not"):
+                lines.append(f"  Q/K/V not packed [{c.fused_node}]: {c.details['packed_qkv_why_not']}")
         if self.other_softmax:
             lines.append(f"  softmaxes that are not attention (untouched): {len(self.other_softmax)}")
         return "\n".join(lines)
