@@ -138,6 +138,37 @@ def _4d_kv_num_heads_mismatch():
     return dict(q=q, k=k, v=v, kv_num_heads=4)
 
 
+# Packed Q/K/V (packed_qkv = 1): each input is (B, S, (Hq + 2*Hkv)*D) = (2, 5, 128) here.
+PACKED = dict(HEADS, packed_qkv=1)
+
+
+def packed_qkv(b=2, s=5, hq=4, hkv=2, d=16, dtype=np.float32):
+    p = rng.standard_normal((b, s, (hq + 2 * hkv) * d)).astype(dtype)
+    return dict(q=p, k=p, v=p)
+
+
+def _packed_4d():
+    q, k, v = qkv()
+    return dict(q=q, k=k, v=v, **PACKED)
+
+
+def _packed_shapes_differ():
+    feeds = packed_qkv()
+    feeds["v"] = feeds["v"][..., :-8]
+    return dict(feeds, **PACKED)
+
+
+def _packed_seq_differ():
+    feeds = packed_qkv()
+    feeds["k"] = feeds["k"][:, :3]
+    return dict(feeds, **PACKED)
+
+
+def _packed_not_divisible():
+    p = packed_qkv()["q"][..., :-1]
+    return dict(q=p, k=p, v=p, **PACKED)
+
+
 # The valid input each 3-D / head-count case runs afterwards in the same session (same attributes).
 GOOD = {
     "3d_missing_q_num_heads": lambda: dict(zip("qkv", qkv()), kv_num_heads=2),
@@ -148,6 +179,10 @@ GOOD = {
     "3d_mixed_ranks": lambda: dict(zip("qkv", qkv3()), **HEADS),
     "4d_q_num_heads_mismatch": lambda: dict(zip("qkv", qkv(hq=2, hkv=2)), q_num_heads=2),
     "4d_kv_num_heads_mismatch": lambda: dict(zip("qkv", qkv(hq=4, hkv=4)), kv_num_heads=4),
+    "packed_4d": lambda: dict(packed_qkv(), **PACKED),
+    "packed_shapes_differ": lambda: dict(packed_qkv(), **PACKED),
+    "packed_seq_differ": lambda: dict(packed_qkv(), **PACKED),
+    "packed_not_divisible": lambda: dict(packed_qkv(), **PACKED),
 }
 
 
@@ -161,6 +196,11 @@ CASES = {
     "3d_mixed_ranks": (_3d_mixed_ranks, "must all have rank 4 (B, H, S, D) or all rank 3 (B, S, H*D)"),
     "4d_q_num_heads_mismatch": (_4d_q_num_heads_mismatch, "q_num_heads = 2 does not match Q's head dimension 4"),
     "4d_kv_num_heads_mismatch": (_4d_kv_num_heads_mismatch, "kv_num_heads = 4 does not match K's head dimension 2"),
+    "packed_4d": (_packed_4d, "packed_qkv = 1 needs the 3-D form"),
+    "packed_shapes_differ": (_packed_shapes_differ, "with packed_qkv = 1, Q, K and V must have the same shape"),
+    "packed_seq_differ": (_packed_seq_differ, "with packed_qkv = 1, Q, K and V must have the same shape"),
+    "packed_not_divisible": (_packed_not_divisible,
+                             "packed last dimension 127 must be a multiple of q_num_heads + 2*kv_num_heads = 4 + 2*2 = 8"),
     "batch": (_batch, "batch sizes differ"),
     "heads_not_multiple": (_heads_not_multiple, "multiple of the number of key/value heads"),
     "kv_heads_differ": (_kv_heads_differ, "same number of heads"),
@@ -186,6 +226,10 @@ ATTRIBUTE_CASES = {
     "num_heads_not_multiple": ({"q_num_heads": 6, "kv_num_heads": 4},
                                "'q_num_heads' (6) must be a multiple of attribute 'kv_num_heads' (4)"),
     "q_num_heads_float": ({"q_num_heads": 4.0}, "'q_num_heads' must be an int"),
+    "packed_qkv_2": ({"packed_qkv": 2, "q_num_heads": 4, "kv_num_heads": 2}, "'packed_qkv' must be 0 or 1, got 2"),
+    "packed_qkv_without_heads": ({"packed_qkv": 1, "q_num_heads": 4},
+                                 "packed_qkv = 1 requires attributes q_num_heads and kv_num_heads"),
+    "packed_qkv_float": ({"packed_qkv": 1.0}, "'packed_qkv' must be an int"),
 }
 
 
