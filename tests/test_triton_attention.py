@@ -466,3 +466,72 @@ def test_golden_runs_a_3d_node():
     ref = attention_reference(q, k, v, softcap=5.0, q_num_heads=6, kv_num_heads=2)
     assert y.shape == (2, 5, 6 * 8)
     np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+
+
+# --- packed Q/K/V (packed_qkv = 1): column windows of (B, S, (Hq + 2*Hkv)*D) inputs ---------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hq,hkv,s,d", [(6, 2, 7, 40), (4, 1, 1, 64), (3, 3, 19, 16)])
+@pytest.mark.parametrize("shared", [True, False], ids=["one_tensor", "three_tensors"])
+def test_packed_qkv_matches_the_unpacked_3d_form(dtype, hq, hkv, s, d, shared):
+    gen = torch.Generator().manual_seed(hq * 100000 + s * 1000 + d * 10 + shared)
+    width = (hq + 2 * hkv) * d
+    p = rand(2, s, width, dtype=dtype, gen=gen)
+    k, v = (p, p) if shared else (rand(2, s, width, dtype=dtype, gen=gen), rand(2, s, width, dtype=dtype, gen=gen))
+    mask = rand(2, 1, s, s, dtype=dtype, gen=gen)
+    lengths = torch.tensor([s, max(1, s // 2)], dtype=torch.int64, device=DEVICE)
+    attrs = dict(is_causal=1, softcap=4.0)
+    heads = dict(q_num_heads=hq, kv_num_heads=hkv)
+    y = ta.attention(p, k, v, mask, lengths, packed_qkv=1, block_m=16, block_n=16, **heads, **attrs)
+    assert tuple(y.shape) == (2, s, hq * d) and y.dtype == dtype
+    # The unpacked 3-D form on contiguous copies of the windows: bitwise equal (strides only).
+    qw, kw, vw = p[..., :hq * d], k[..., hq * d:(hq + hkv) * d], v[..., (hq + hkv) * d:]
+    y3 = ta.attention(qw.contiguous(), kw.contiguous(), vw.contiguous(), mask, lengths, block_m=16, block_n=16,
+                      **heads, **attrs)
+    assert torch.equal(y, y3)
+    # And the float64 reference on the windows (2x rule), through the 4-D views.
+    y4, _ = check(*(_split(t, h).contiguous() for t, h in ((qw, hq), (kw, hkv), (vw, hkv))), mask, lengths,
+                  block_m=16, block_n=16, **attrs)
+    np.testing.assert_array_equal(_split(y, hq).to(torch.float64).cpu().numpy(), y4)
+
+
+def test_packed_qkv_windows_are_views_at_the_right_columns():
+    t = torch.randn(2, 5, (6 + 2 * 2) * 8, device=DEVICE)
+    q, k, v = ta.packed_qkv_windows(t, t, t, 6, 2)
+    assert (q.shape, k.shape, v.shape) == ((2, 5, 48), (2, 5, 16), (2, 5, 16))
+    assert q.data_ptr() == t.data_ptr()
+    assert k.data_ptr() == t.data_ptr() + 48 * t.element_size()
+    assert v.data_ptr() == t.data_ptr() + 64 * t.element_size()
+    assert k.stride() == v.stride() == (5 * 80, 80, 1)
+
+
+def test_packed_qkv_numpy_front_end_and_golden_node():
+    from onnx import helper
+
+    from opsfuse import golden
+
+    rng = np.random.default_rng()
+    p = rng.standard_normal((2, 5, (6 + 2 * 2) * 16)).astype(np.float32)
+    y = ta.attention_numpy(p, p, p, q_num_heads=6, kv_num_heads=2, packed_qkv=1)
+    ref = attention_reference(p, p, p, q_num_heads=6, kv_num_heads=2, packed_qkv=1)  # scale 1/sqrt(16)
+    assert y.shape == (2, 5, 6 * 16)
+    np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+    node = helper.make_node("FusedAttention", ["P", "P", "P"], ["Y"], domain="com.opsfuse", name="packed",
+                            q_num_heads=6, kv_num_heads=2, packed_qkv=1, is_causal=1)
+    y = golden.run_fused_attention(node, [p, p, p])
+    ref = attention_reference(p, p, p, q_num_heads=6, kv_num_heads=2, packed_qkv=1, is_causal=1)
+    np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shapes,heads,packed,match", [
+    (((1, 2, 4, 8),) * 3, (2, 1), 1, "packed_qkv = 1 needs the 3-D form"),
+    (((1, 4, 32), (1, 4, 32), (1, 4, 24)), (2, 1), 1, "must have the same shape"),
+    (((1, 4, 30),) * 3, (2, 1), 1, "must be a multiple of q_num_heads \\+ 2\\*kv_num_heads = 4"),
+    (((1, 4, 32),) * 3, (2, None), 1, "requires q_num_heads and kv_num_heads"),
+    (((1, 4, 32),) * 3, (2, 1), 2, "packed_qkv must be 0 or 1"),
+])
+def test_packed_qkv_bad_arguments_raise(shapes, heads, packed, match):
+    q, k, v = (torch.randn(*s, device=DEVICE) for s in shapes)
+    with pytest.raises(ValueError, match=f"FusedAttention: .*{match}"):
+        ta.attention(q, k, v, q_num_heads=heads[0], kv_num_heads=heads[1], packed_qkv=packed)

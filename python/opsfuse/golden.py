@@ -60,11 +60,11 @@ def fused_attention_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def node_attributes(node: onnx.NodeProto) -> dict:
-    """scale (None = 1/sqrt(D)), is_causal, softcap and the head counts of the 3-D form
-    (None = absent) of a FusedAttention node."""
+    """scale (None = 1/sqrt(D)), is_causal, softcap, the head counts of the 3-D form
+    (None = absent) and packed_qkv of a FusedAttention node."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     known = {contract.ATTR_SCALE, contract.ATTR_IS_CAUSAL, contract.ATTR_SOFTCAP, contract.ATTR_Q_NUM_HEADS,
-             contract.ATTR_KV_NUM_HEADS}
+             contract.ATTR_KV_NUM_HEADS, contract.ATTR_PACKED_QKV}
     unknown = sorted(set(attrs) - known - _TRT_PARSER_ATTRIBUTES)
     if unknown:
         raise ValueError(f"{contract.OP_NAME} node {node.name!r}: unknown attribute(s) {unknown}")
@@ -74,6 +74,7 @@ def node_attributes(node: onnx.NodeProto) -> dict:
         "softcap": float(attrs.get(contract.ATTR_SOFTCAP, contract.DEFAULT_SOFTCAP)),
         "q_num_heads": int(attrs[contract.ATTR_Q_NUM_HEADS]) if attrs.get(contract.ATTR_Q_NUM_HEADS) else None,
         "kv_num_heads": int(attrs[contract.ATTR_KV_NUM_HEADS]) if attrs.get(contract.ATTR_KV_NUM_HEADS) else None,
+        "packed_qkv": int(attrs.get(contract.ATTR_PACKED_QKV, contract.DEFAULT_PACKED_QKV)),
     }
 
 

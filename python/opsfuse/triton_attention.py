@@ -240,6 +240,30 @@ def split_heads(t: torch.Tensor, heads: int | None, name: str = "tensor", attr: 
     return t.unflatten(2, (heads, hidden // heads)).transpose(1, 2)
 
 
+def packed_qkv_windows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_num_heads: int | None,
+                       kv_num_heads: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """packed_qkv = 1: the 3-D Q, K, V read out of three (B, S, (Hq + 2*Hkv)*D) inputs of one shape
+    as views (no copy): columns [0, Hq*D) of q, [Hq*D, (Hq+Hkv)*D) of k, [(Hq+Hkv)*D, end) of v."""
+    shapes = (tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    if len(shapes[0]) != contract.PACKED_TENSOR_RANK:
+        raise _error(f"packed_qkv = 1 needs the 3-D form (B, S, (q_num_heads + 2*kv_num_heads)*D), got shapes "
+                     f"{shapes[0]}, {shapes[1]}, {shapes[2]}")
+    if len(set(shapes)) != 1:
+        raise _error(f"with packed_qkv = 1, Q, K and V must have the same shape, got {shapes[0]}, {shapes[1]}, "
+                     f"{shapes[2]}")
+    if not q_num_heads or not kv_num_heads or q_num_heads < 0 or kv_num_heads < 0:
+        raise _error(f"packed_qkv = 1 requires q_num_heads and kv_num_heads (positive ints), got {q_num_heads}, "
+                     f"{kv_num_heads}")
+    columns = q_num_heads + 2 * kv_num_heads
+    width = shapes[0][2]
+    if width % columns:
+        raise _error(f"with packed_qkv = 1, the packed last dimension {width} must be a multiple of "
+                     f"q_num_heads + 2*kv_num_heads = {columns}")
+    d = width // columns
+    return (q.narrow(2, 0, q_num_heads * d), k.narrow(2, q_num_heads * d, kv_num_heads * d),
+            v.narrow(2, (q_num_heads + kv_num_heads) * d, kv_num_heads * d))
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -253,6 +277,7 @@ def attention(
     *,
     q_num_heads: int | None = None,
     kv_num_heads: int | None = None,
+    packed_qkv: int = contract.DEFAULT_PACKED_QKV,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -263,10 +288,17 @@ def attention(
     key_lengths: (B,) int32/int64. Returns Y: (B, Hq, Sq, Dv) of dtype T (written into `out`
     when given). The 3-D form: q (B, Sq, Hq*D), k (B, Sk, Hkv*D), v (B, Sk, Hkv*Dv) with
     `q_num_heads` = Hq and `kv_num_heads` = Hkv gives Y (B, Sq, Hq*Dv); the kernel reads and
-    writes it through the strides of its (B, H, S, D) views. `block_m` / `block_n` override the
+    writes it through the strides of its (B, H, S, D) views. With `packed_qkv` = 1, q, k and v
+    are each the packed (B, S, (Hq + 2*Hkv)*D) tensor (normally one tensor three times) and the
+    kernel reads the column windows of :func:`packed_qkv_windows` (views, no copy); Y is
+    (B, S, Hq*D). `block_m` / `block_n` override the
     query / key tile sizes (powers of two >= 16; tests use small tiles to exercise the online
     softmax across many tiles).
     """
+    if packed_qkv not in (0, 1):
+        raise _error(f"packed_qkv must be 0 or 1, got {packed_qkv}")
+    if packed_qkv:
+        q, k, v = packed_qkv_windows(q, k, v, q_num_heads, kv_num_heads)
     ranks = (q.dim(), k.dim(), v.dim())
     if contract.PACKED_TENSOR_RANK in ranks or contract.TENSOR_RANK not in ranks:
         if ranks != (contract.PACKED_TENSOR_RANK,) * 3:
@@ -435,6 +467,7 @@ def attention_numpy(
     device: str | torch.device | None = None,
     q_num_heads: int | None = None,
     kv_num_heads: int | None = None,
+    packed_qkv: int = contract.DEFAULT_PACKED_QKV,
 ) -> np.ndarray:
     """:func:`attention` on numpy arrays (either form); runs on `device` (default:
     :func:`default_device`)."""
@@ -445,7 +478,7 @@ def attention_numpy(
 
     y = attention(to_dev(q), to_dev(k), to_dev(v), to_dev(attn_mask), to_dev(key_lengths),
                   scale=scale, is_causal=is_causal, softcap=softcap, q_num_heads=q_num_heads,
-                  kv_num_heads=kv_num_heads)
+                  kv_num_heads=kv_num_heads, packed_qkv=packed_qkv)
     return torch_to_numpy(y)
 
 
