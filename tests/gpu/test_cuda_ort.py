@@ -168,3 +168,35 @@ def test_ort_cuda_ep_3d_form(ort, case):
     out = out3.reshape(b, sq, hq, dv).transpose(0, 2, 1, 3)
     assert_within_2x_torch(out, q, k, v, mask, None, attrs.get("scale"), attrs.get("is_causal", 0),
                            attrs.get("softcap", 0.0), what=f"ORT CUDA EP, 3-D form (seed {seed})")
+
+
+CASES_PACKED = [
+    # dtype, (b, hq, hkv, s, d), attrs, additive (B,1,1,S) mask. Q, K, V are each the packed
+    # (B, S, (Hq + 2*Hkv)*D) tensor; K and V start Hq*D and (Hq + Hkv)*D elements into each row.
+    (np.float16, (2, 12, 12, 128, 64), {}, True),                     # BERT-base packed projection
+    (ml_dtypes.bfloat16, (1, 8, 2, 300, 128), {"is_causal": 1}, False),  # GQA, Hopper-sized
+    (np.float16, (1, 3, 1, 97, 20), {"softcap": 30.0}, True),         # window offsets not 16-byte aligned
+    (np.float32, (2, 6, 2, 65, 40), {"is_causal": 2}, True),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES_PACKED)))
+def test_ort_cuda_ep_packed_qkv(ort, case):
+    """packed_qkv = 1 on the CUDA EP: the kernels read Q, K, V as column windows of the packed
+    rows; the 2x rule on the 4-D reference of the windows."""
+    dtype, (b, hq, hkv, s, d), attrs, with_mask = CASES_PACKED[case]
+    rng, seed = fresh_rng()
+    p = rng.standard_normal((b, s, (hq + 2 * hkv) * d)).astype(dtype)
+    mask = np.where(rng.random((b, 1, 1, s)) < 0.85, 0.0, -np.inf).astype(dtype) if with_mask else None
+    model = fused_attention_model(dtype, None if mask is None else mask.dtype, 0 if mask is None else 4, None,
+                                  rank=3, q_num_heads=hq, kv_num_heads=hkv, packed_qkv=1, **attrs)
+    session = cuda_session(ort, model)
+    out3 = run_ort(ort, session, p, p, p, mask, out_shape=(b, s, hq * d))
+    out = out3.reshape(b, s, hq, d).transpose(0, 2, 1, 3)
+
+    def heads(lo, n):  # columns [lo*D, (lo+n)*D) of P as (B, n, S, D)
+        return np.ascontiguousarray(p[..., lo * d:(lo + n) * d].reshape(b, s, n, d).transpose(0, 2, 1, 3))
+
+    q, k, v = heads(0, hq), heads(hq, hkv), heads(hq + hkv, hkv)
+    assert_within_2x_torch(out, q, k, v, mask, None, attrs.get("scale"), attrs.get("is_causal", 0),
+                           attrs.get("softcap", 0.0), what=f"ORT CUDA EP, packed Q/K/V (seed {seed})")
