@@ -33,7 +33,10 @@ def test_inputs_outputs():
 def test_attributes_and_limits():
     attrs = {a["name"]: a for a in SPEC["attributes"]}
     assert set(attrs) == {contract.ATTR_SCALE, contract.ATTR_IS_CAUSAL, contract.ATTR_SOFTCAP,
-                          contract.ATTR_Q_NUM_HEADS, contract.ATTR_KV_NUM_HEADS}
+                          contract.ATTR_Q_NUM_HEADS, contract.ATTR_KV_NUM_HEADS, contract.ATTR_PACKED_QKV}
+    packed = attrs[contract.ATTR_PACKED_QKV]
+    assert (packed["onnx_type"], packed["field_type"]) == ("INT", "kINT32")
+    assert packed["default"] == contract.DEFAULT_PACKED_QKV and packed["valid"] == [0, 1]
     for name in (contract.ATTR_Q_NUM_HEADS, contract.ATTR_KV_NUM_HEADS):
         assert (attrs[name]["onnx_type"], attrs[name]["field_type"]) == ("INT", "kINT32")
         assert attrs[name]["default"] == contract.DEFAULT_NUM_HEADS
