@@ -22,6 +22,11 @@ def register(subparsers) -> None:
                    help="run the original and the rewritten model in ONNX Runtime (CPU, opsfuse library) on "
                         "random inputs and fail if outputs differ beyond a dtype-aware tolerance")
     add_input_arguments(p, "the --verify inputs")
+    p.add_argument("--pack-qkv", action="store_true",
+                   help="also replace the three Q/K/V projection MatMuls (and bias Adds) of one hidden state by one "
+                        "MatMul on the concatenated weights, read by FusedAttention as packed_qkv=1 (3-D form only). "
+                        "NOT bit-exact: one GEMM of a different shape may round differently; the default rewrite "
+                        "is exact")
     p.add_argument("--overwrite", "--force", dest="overwrite", action="store_true",
                    help="allow OUTPUT to be the input file itself")
     p.add_argument("--external-data", choices=("auto", "yes", "no"), default="auto",
@@ -66,7 +71,7 @@ def run(args) -> int:
     if external is None:
         external = model_io.has_external_data(model) or model_io.weight_bytes(model) > model_io.PROTOBUF_LIMIT
     try:
-        model, report = fuse_attention(model)
+        model, report = fuse_attention(model, pack_qkv=args.pack_qkv)
     except Exception as exc:  # a model the passes cannot read: say so in one line
         return _fail(f"{src}: unsupported model ({type(exc).__name__}: {exc})")
     try:
