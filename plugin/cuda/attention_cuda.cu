@@ -177,16 +177,16 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
 }
 
 // Hopper key splits (hopper_fwd.cuh): a grid of few row tiles leaves a partial last wave (seed
-// B=1 H=12 S=2048: 192 tiles on 132 SMs run as 2 waves for 1.45 waves of work). Splitting each
-// tile's keys s ways (a cluster of s blocks, merged in distributed shared memory) makes the work
-// s times finer: time ~ ceil(tiles s / SMs) ceil(key tiles / s) + 1 (the merge, about one key
-// tile's work), taken where it beats the unsplit time; s in {2, 4}, at most one split per key tile.
-// Not with a persistent grid (more tiles than SMs) nor causal (the causal tiles' lengths differ: the
-// persistent grid and the block scheduler balance them).
-// OPSFUSE_CUDA_HOPPER_SPLITS=N (tests, sweeps): N splits (1..8, at most one per key tile) wherever
-// the grid is not persistent, causal included.
+// B=1 H=12 S=2048: 192 tiles on 132 SMs run as 2 waves for 1.45 waves of work; a persistent grid
+// has the same 2-item blocks). Splitting each tile's keys s ways (a cluster of s blocks, merged in
+// distributed shared memory) makes the work s times finer: time ~ ceil(tiles s / SMs)
+// ceil(key tiles / s) + 1 (the merge, about one key tile's work), taken where it is at most 0.85 of
+// the unsplit time; s in {2, 4}, at most one split per key tile. Not causal (the causal tiles'
+// lengths differ: the persistent grid and the block scheduler balance them). Decided before the
+// persistent grid, which is for the launches left unsplit.
+// OPSFUSE_CUDA_HOPPER_SPLITS=N (tests, sweeps): N splits (1..8, at most one per key tile), causal
+// included.
 [[maybe_unused]] int hopper_key_splits(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
-  if (plan.persistent > 0) return 1;
   const int key_tiles = ceil_div(p.seq_k, 128);
   const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_SPLITS");
   if (e != nullptr && std::atoi(e) > 0) return std::max(1, std::min({std::atoi(e), 8, key_tiles}));
@@ -198,7 +198,7 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
   int best = 1;
   for (int s : {2, 4})
     if (s <= key_tiles && cost(s) < cost(best)) best = s;
-  return best;
+  return cost(best) <= 0.85 * cost(1) ? best : 1;
 }
 
 // Decode cluster merge (flash_decode.cuh): how many clusters of `cluster` blocks of the decode
@@ -324,8 +324,8 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     plan.block_n = 128;
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
-    plan.persistent = hopper_persistent(p, dev, plan) ? dev.sms : 0;
     plan.cluster = hopper_key_splits(p, dev, plan);
+    plan.persistent = plan.cluster == 1 && hopper_persistent(p, dev, plan) ? dev.sms : 0;
   }
   return plan;
 }

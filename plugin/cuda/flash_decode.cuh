@@ -61,7 +61,7 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 }
 static_assert(kMaxStages - 2 <= 2, "cp_async_wait covers at most 2 pending groups");
 
-// sm_90 only (cluster_rank / cluster_sync / ld_cluster_f32: kernel_common.cuh).
+// sm_90 only (cluster_rank / cluster_sync / map_cluster_rank: kernel_common.cuh).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // mbarriers and bulk (TMA engine, no tensor map) copies global -> shared, completing on an mbarrier.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
@@ -447,13 +447,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const KernelA
       const int r = rank + (idx / kD) * cluster, c = idx % kD;
       if (c >= dv) continue;
       float mx = -INFINITY;
-      for (int z = 0; z < cluster; ++z) mx = fmaxf(mx, ld_cluster_f32(sRowM + r, z));
+      for (int z = 0; z < cluster; ++z) mx = fmaxf(mx, *map_cluster_rank(sRowM + r, z));
       const float base = mx == -INFINITY ? 0.0f : mx;
       float l = 0.0f, acc = 0.0f;
       for (int z = 0; z < cluster; ++z) {
-        const float wt = exp2f(ld_cluster_f32(sRowM + r, z) - base);
-        l += wt * ld_cluster_f32(sRowL + r, z);
-        acc += wt * ld_cluster_f32(sY + r * kD + c, z);
+        const float wt = exp2f(*map_cluster_rank(sRowM + r, z) - base);
+        l += wt * *map_cluster_rank(sRowL + r, z);
+        acc += wt * *map_cluster_rank(sY + r * kD + c, z);
       }
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // fully masked row -> 0
       const int g = r / a.seq_q, i = r - g * a.seq_q, head = hk * a.group + g;

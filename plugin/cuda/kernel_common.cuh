@@ -174,7 +174,7 @@ cudaError_t ensure_max_shared_carveout(Kernel kernel, int* done_per_device) {
 // Thread-block cluster (sm_90; the decode kernel's and the Hopper kernel's split merges): the rank
 // of this block, a cluster-wide barrier (release / acquire: shared-memory writes before it are
 // visible to every block of the cluster after it; every thread of every block must take part), and
-// a float load from the shared memory of block `rank` at the address that `p` has in this block.
+// the address of a shared variable in another block of the cluster.
 // Declared for every target (the host pass parses the kernels that call them); on devices below 9.0
 // nothing may reach them (their callers are sm_90 code paths) and they trap.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -193,12 +193,14 @@ __device__ __forceinline__ void cluster_sync() {
   OPSFUSE_SM90_ASM("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   OPSFUSE_SM90_ASM("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ float ld_cluster_f32(const float* p, uint32_t rank) {
-  uint32_t remote = 0;
-  OPSFUSE_SM90_ASM("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-  float x = 0.0f;
-  OPSFUSE_SM90_ASM("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(remote) : "memory");
-  return x;
+// The generic address of `p`'s counterpart in the shared memory of cluster block `rank`: plain
+// loads through it read distributed shared memory, and the compiler can batch and widen them (a
+// volatile asm load per value, used at once, pays the remote latency value after value).
+template <typename T>
+__device__ __forceinline__ const T* map_cluster_rank(const T* p, uint32_t rank) {
+  uint64_t out = 0;
+  OPSFUSE_SM90_ASM("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
+  return reinterpret_cast<const T*>(out);
 }
 #undef OPSFUSE_SM90_ASM
 

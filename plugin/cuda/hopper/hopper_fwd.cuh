@@ -652,43 +652,49 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (splits > 1) {
       // Split merge. Every rank's thread holds the same rows and columns of O (the accumulator
       // layout does not depend on the keys), so ranks > 0 put their (O, max, per-thread sum) in
-      // their shared memory, thread-major, over the K/V ring (both warpgroups' last products
-      // are done: named barrier 1), and rank 0 folds them into its registers in rank order
-      // (deterministic): max M, O = sum_r O_r 2^(m_r - M), l likewise (m = -inf: weight 0).
+      // their shared memory over the K/V ring (both warpgroups' last products are done: named
+      // barrier 1) as float4 chunks, chunk c of thread `slot` at c * 256 + slot: O[4c .. 4c + 3]
+      // (rows: hh 0, 0, 1, 1), then (m0, m1, l0, l1). Rank 0 reads the chunks through distributed
+      // shared memory and folds them into its registers in rank order (deterministic): max M,
+      // O = sum_r O_r 2^(m_r - M), l likewise (m = -inf: weight 0).
+      constexpr int kOChunks = kD / 8;
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
-      float* part = reinterpret_cast<float*>(smem_raw + (sK - smem_u32(smem_raw)));
-      const int slot = cw * 128 + t;
+      float4* part = reinterpret_cast<float4*>(smem_raw + (sK - smem_u32(smem_raw))) + cw * 128 + t;
       const int split = static_cast<int>(blockIdx.x) % splits;
       if (split > 0) {
 #pragma unroll
-        for (int i = 0; i < kD / 2; ++i) part[i * 256 + slot] = o[i];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          part[(kD / 2 + hh) * 256 + slot] = m_run[hh];
-          part[(kD / 2 + 2 + hh) * 256 + slot] = l_run[hh];
-        }
+        for (int c = 0; c < kOChunks; ++c)
+          part[c * 256] = make_float4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
+        part[kOChunks * 256] = make_float4(m_run[0], m_run[1], l_run[0], l_run[1]);
       }
       cluster_sync();
       if (split == 0) {
         float mx[2] = {m_run[0], m_run[1]};
-        for (int z = 1; z < splits; ++z)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) mx[hh] = fmaxf(mx[hh], ld_cluster_f32(part + (kD / 2 + hh) * 256 + slot, z));
-        float w[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          w[hh] = ex2(m_run[hh] - (mx[hh] == -INFINITY ? 0.0f : mx[hh]));
-          l_run[hh] *= w[hh];
+        for (int z = 1; z < splits; ++z) {
+          const float4 ml = map_cluster_rank(part, z)[kOChunks * 256];
+          mx[0] = fmaxf(mx[0], ml.x);
+          mx[1] = fmaxf(mx[1], ml.y);
         }
+        const float mb[2] = {mx[0] == -INFINITY ? 0.0f : mx[0], mx[1] == -INFINITY ? 0.0f : mx[1]};
+        float w[2] = {ex2(m_run[0] - mb[0]), ex2(m_run[1] - mb[1])};
+        l_run[0] *= w[0];
+        l_run[1] *= w[1];
         rescale_o_by(w);
         for (int z = 1; z < splits; ++z) {
+          const float4* peer = map_cluster_rank(part, z);
+          const float4 ml = peer[kOChunks * 256];
+          w[0] = ex2(ml.x - mb[0]);
+          w[1] = ex2(ml.y - mb[1]);
+          l_run[0] += w[0] * ml.z;
+          l_run[1] += w[1] * ml.w;
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            w[hh] = ex2(ld_cluster_f32(part + (kD / 2 + hh) * 256 + slot, z) - (mx[hh] == -INFINITY ? 0.0f : mx[hh]));
-            l_run[hh] += w[hh] * ld_cluster_f32(part + (kD / 2 + 2 + hh) * 256 + slot, z);
+          for (int c = 0; c < kOChunks; ++c) {
+            const float4 v = peer[c * 256];
+            o[4 * c] += w[0] * v.x;
+            o[4 * c + 1] += w[0] * v.y;
+            o[4 * c + 2] += w[1] * v.z;
+            o[4 * c + 3] += w[1] * v.w;
           }
-#pragma unroll
-          for (int i = 0; i < kD / 2; ++i) o[i] += w[(i >> 1) & 1] * ld_cluster_f32(part + i * 256 + slot, z);
         }
       }
       cluster_sync();  // no block leaves (freeing its shared memory) while rank 0 still reads it
