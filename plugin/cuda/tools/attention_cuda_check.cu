@@ -10,6 +10,9 @@
 // so that small grids take the Hopper kernel too); both against the reference, and on a 9.0
 // device with the Hopper objects built in, the first run must really have taken the Hopper kernel.
 // `--bench`: kernel times with the Hopper kernel as chosen, its A/B alternative, and off (run_bench).
+// `--quick`: the first generic cases and a few small Hopper ones (what compute-sanitizer runs).
+// `--stress NAME N`: the Hopper run of one Hopper case N times on the same data, failures only.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -57,6 +60,8 @@ struct Case {
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+bool g_quiet = false;  // --stress: print failing runs only
 
 // Rounds through the element type and writes its bytes.
 double store_elem(DType t, void* base, size_t i, double x) {
@@ -198,6 +203,10 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream) {
   p.is_causal = c.causal;
   const size_t wsb = opsfuse::cuda::workspace_size(p);
   if (wsb) CHECK_CUDA(cudaMalloc(&ws, wsb));
+  // The uploads and the NaN poison went through the legacy default stream (cudaMemset is
+  // asynchronous), which a non-blocking stream does not wait for: without this, a busy GPU can
+  // land the poison after the kernel's stores (seen once under pytest's parallel GPU tests).
+  CHECK_CUDA(cudaDeviceSynchronize());
   const opsfuse::Status st = opsfuse::cuda::launch(p, ws, wsb, stream);
   if (st != opsfuse::Status::kOk) {
     std::printf("FAIL %-28s launch: %s: %s\n", c.name, opsfuse::status_name(st), opsfuse::cuda::last_error_message());
@@ -218,7 +227,8 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream) {
   const double rel = std::sqrt(num / std::max(den, 1e-30));
   const double tol = c.dtype == DType::kFloat32 ? 1e-5 : (c.dtype == DType::kFloat16 ? 2e-3 : 1.6e-2);
   const bool ok = !nan && rel <= tol;
-  std::printf("%s %-28s rel %.3e max_abs %.3e (tol %.1e) workspace %zu%s\n", ok ? "ok  " : "FAIL", c.name, rel, max_abs,
+  if (!ok || !g_quiet)
+    std::printf("%s %-28s rel %.3e max_abs %.3e (tol %.1e) workspace %zu%s\n", ok ? "ok  " : "FAIL", c.name, rel, max_abs,
               tol, wsb, nan ? " NaN/unwritten" : "");
   cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dy);
   if (dm) cudaFree(dm);
@@ -336,6 +346,7 @@ int run_bench(cudaStream_t stream) {
       CHECK_CUDA(cudaEventCreate(&e0));
       CHECK_CUDA(cudaEventCreate(&e1));
       const int iters = g.s >= 16384 ? 5 : (g.s <= 1024 ? 50 : 20);
+      CHECK_CUDA(cudaDeviceSynchronize());  // the memsets above ran on the legacy default stream
       bool ok = opsfuse::cuda::launch(p, ws, wsb, stream) == opsfuse::Status::kOk;  // warm-up
       const int kind = opsfuse::cuda::detail::last_launch_kind();
       CHECK_CUDA(cudaEventRecord(e0, stream));
@@ -414,12 +425,12 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 persistent causal2 kl32", BF, 3, 10, 5, 600, 400, 128, 128, 2, 0.f, N, 0, 32, 1},
       {"hop f16 d128 persistent causal1 gqa2", H, 2, 14, 7, 520, 520, 128, 128, 1, 0.f, N, 0, 0, 1},
       {"hop bf16 d64 persistent causal1 Sq512", BF, 2, 18, 6, 512, 512, 64, 64, 1, 0.f, MB, 1, 0},
-      // Key splits merged in a thread-block cluster: as choose_plan decides (B=1 H=12 S=2048-like
-      // grids: 2 splits; 1000 keys = 8 tiles, 96 row tiles: 4 splits), and forced: 3 splits of 5 key
-      // tiles (uneven), a split left without keys by causal 1 / key_lengths (partials of max -inf
-      // merged: zeros, never NaN), softcap with a bool mask, Dv != D.
+      // Key splits merged in a thread-block cluster: as choose_plan decides (a B=1 H=12 S=2048-like
+      // grid: 192 row tiles, 2 splits), and forced: 4 splits of 8 key tiles with a padding mask,
+      // 3 splits (uneven), a split left without keys by causal 1 / key_lengths (partials of max
+      // -inf merged: zeros, never NaN), softcap with a bool mask, Dv != D.
       {"hop f16 d64 split addmask gqa3", H, 1, 12, 4, 2000, 2000, 64, 64, 0, 0.f, MA, 2, 0},
-      {"hop bf16 d128 split4 boolpad", BF, 2, 6, 6, 1000, 1000, 128, 128, 0, 0.f, MB, 1, 0},
+      {"hop bf16 d128 split4 boolpad", BF, 2, 6, 6, 1000, 1000, 128, 128, 0, 0.f, MB, 1, 0, 0, 4},
       {"hop f16 d128 split3 causal1 kl64", H, 2, 4, 2, 300, 600, 128, 128, 1, 0.f, N, 0, 64, 0, 3},
       {"hop bf16 d64 split4 boolmask softcap", BF, 1, 3, 1, 200, 700, 64, 64, 0, 25.f, MB, 4, 32, 0, 4},
       {"hop f16 d40/80 split2 causal2", H, 2, 4, 2, 130, 520, 40, 80, 2, 0.f, MA, 2, 0, 0, 2},
@@ -433,8 +444,10 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(1234);
   int failed = 0, n = 0;
+  // --stress NAME N: the Hopper pass of one case N times on the same data (races that show rarely).
+  const bool stress = argc > 3 && std::strcmp(argv[1], "--stress") == 0;
   for (const Case& c : cases) {
-    if (quick && n >= 6) break;
+    if (stress || (quick && n >= 6)) break;
     ++n;
     failed += run_case(c, rng, stream) ? 0 : 1;
   }
@@ -448,11 +461,34 @@ int main(int argc, char** argv) {
 #else
   const bool hopper_expected = false;
 #endif
-  int hn = 0;
+  // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask and two
+  // key-split cases; the persistent-grid cases are too large for racecheck's pace.
+  const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
+                                "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64"};
+  uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
-    if (quick && hn >= 2) break;
-    ++hn, ++n;
-    failed += run_hopper_pair(c, 777u + hn, stream, hopper_expected) ? 0 : 1;
+    ++hseed;
+    if (stress && std::strcmp(c.name, argv[2]) != 0) continue;
+    if (quick && std::none_of(std::begin(quick_hopper), std::end(quick_hopper),
+                              [&](const char* q) { return std::strcmp(q, c.name) == 0; }))
+      continue;
+    if (stress) {
+      const int runs = std::atoi(argv[3]);
+      g_quiet = true;
+      setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
+      if (c.persist) setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
+      if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
+      int bad = 0;
+      for (int r = 0; r < runs; ++r) {
+        std::mt19937 srng(hseed);
+        bad += run_case(c, srng, stream) ? 0 : 1;
+      }
+      std::printf("stress %s: %d of %d runs failed\n", c.name, bad, runs);
+      failed += bad, n += runs;
+      continue;
+    }
+    ++n;
+    failed += run_hopper_pair(c, hseed, stream, hopper_expected) ? 0 : 1;
   }
   CHECK_CUDA(cudaStreamDestroy(stream));
   std::printf("%d of %d cases failed\n", failed, n);
