@@ -69,6 +69,48 @@ def test_rewrite_verify(model_path, tmp_path, capsys):
     assert "verify: ok" in capsys.readouterr().out
 
 
+def _projection_model_path(tmp_path) -> Path:
+    from test_pack_qkv import projection_model
+
+    path = tmp_path / "proj.onnx"
+    onnx.save(projection_model(Hq=4, Hkv=2, D=6, hidden=14), str(path))
+    return path
+
+
+def test_pack_qkv_flag(tmp_path, capsys):
+    src = _projection_model_path(tmp_path)
+    assert main(["rewrite", str(src), "-o", str(tmp_path / "exact.onnx")]) == 0
+    assert "packed Q/K/V" not in capsys.readouterr().out, "packing is opt-in"
+    exact = onnx.load(str(tmp_path / "exact.onnx"))
+    assert [n.op_type for n in exact.graph.node].count("MatMul") == 3
+    assert main(["rewrite", str(src), "-o", str(tmp_path / "packed.onnx"), "--pack-qkv", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["counts"]["pack_qkv"] == 1
+    assert report["candidates"][0]["details"]["packed_qkv"] is True
+    packed = onnx.load(str(tmp_path / "packed.onnx"))
+    node = next(n for n in packed.graph.node if n.op_type == "FusedAttention")
+    assert onnx.helper.get_attribute_value(next(a for a in node.attribute if a.name == "packed_qkv")) == 1
+    assert node.input[0] == node.input[1] == node.input[2]
+    assert [n.op_type for n in packed.graph.node].count("MatMul") == 1
+    assert {i.name for i in packed.graph.initializer}.isdisjoint({"wq", "wk", "wv", "bq", "bk", "bv"})
+
+
+def test_pack_qkv_help_says_not_bit_exact(capsys):
+    with pytest.raises(SystemExit):
+        main(["rewrite", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--pack-qkv" in text and "NOT bit-exact" in text
+
+
+@needs_library
+def test_pack_qkv_verify(tmp_path, capsys):
+    src = _projection_model_path(tmp_path)
+    assert main(["rewrite", str(src), "-o", str(tmp_path / "p.onnx"), "--pack-qkv", "--verify"]) == 0
+    text = capsys.readouterr().out
+    assert "pack_qkv: 1 of 1 fused nodes read one packed Q/K/V projection (not bit-exact)" in text
+    assert "verify: ok" in text
+
+
 def test_refuses_to_overwrite_input_unless_told(model_path, capsys):
     before = model_path.read_bytes()
     assert main(["rewrite", str(model_path), "-o", str(model_path)]) != 0
