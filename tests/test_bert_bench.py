@@ -73,6 +73,14 @@ def test_quick_cpu_run_end_to_end(tmp_path, dtype):
         reshapes = models[name]["placement"].get("Reshape", {}).get("CPU", 0)
         assert reshapes <= models["unfused"]["placement"]["Reshape"]["CPU"] - 4 * layers  # 4 per layer went
     assert models["ort+opsfuse"]["fused_ops"].get("SkipLayerNormalization")
+    # The packed model: the same graph but one projection MatMul and one bias Add per layer.
+    packed, plain = models[bert.PACKED], models["ort+opsfuse"]
+    assert packed["report"]["packed_qkv"] == layers and not packed["report"]["packed_qkv_why_not"]
+    assert plain["report"]["packed_qkv"] == 0
+    assert packed["fused_ops"]["MatMul"] == plain["fused_ops"]["MatMul"] - 2 * layers
+    assert packed["all_ops"]["Add"] == plain["all_ops"]["Add"] - 2 * layers
+    assert packed["nodes"] == plain["nodes"] - 4 * layers
+    assert packed["executed_nodes"] < plain["executed_nodes"]
     assert {(a["seq"], a["mask"]) for a in result["accuracy"]} == {(32, "padded"), (32, "ones")}
     for row in result["accuracy"]:
         assert all(a["ok"] for a in row["models"].values()), row
@@ -82,6 +90,9 @@ def test_quick_cpu_run_end_to_end(tmp_path, dtype):
     md = (out / "bert_e2e.md").read_text()
     assert "| 32 | padded |" in md and "1.90" in md and "FusedAttention 2" in md
     assert "3-D form (B, S, H·D) 2, mask read un-expanded 2" in md
+    assert "3-D form (B, S, H·D) 2, mask read un-expanded 2, packed Q/K/V 2" in md
+    assert "ORT fusions + opsfuse packed Q/K/V vs ORT opt." in md
+    assert f"| {bert.PACKED} | {packed['nodes']} | {packed['executed_nodes']} |" in md
     assert not list(tmp_path.glob("opsfuse_bert_*")), "the temporary models were not removed"
 
 

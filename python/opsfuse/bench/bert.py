@@ -7,7 +7,7 @@ Everything is built on the machine that runs it (nothing downloaded, no model ca
    (dynamo=False, opset 17, dynamic batch and sequence axes; inputs input_ids, attention_mask,
    token_type_ids). float16 for ``--device cuda`` (``model.half().cuda()`` exported directly),
    float32 for ``--device cpu``.
-2. Four models:
+2. Five models:
      unfused         the plain export
      ort_optimized   onnxruntime.transformers.optimizer.optimize_model (model_type bert, opt_level 1 as
                      its docs recommend, use_gpu for cuda): Attention, SkipLayerNormalization, BiasGelu, ...
@@ -15,6 +15,10 @@ Everything is built on the machine that runs it (nothing downloaded, no model ca
                      in the 3-D form (reads the Q/K/V projections; the export's Reshape/Transpose pairs go)
                      with the (B, 1, S, S) mask read as the (B, 1, 1, S) tensor it was expanded from
      ort+opsfuse     optimize_model with attention fusion off, then the opsfuse rewrite
+     ort+opsfuse packed  the same with the rewrite's opt-in pack_qkv (``rewrite --pack-qkv``): the three
+                     Q/K/V projection MatMuls and bias Adds of a layer become one MatMul on the concatenated
+                     weights and one Add, read by FusedAttention with packed_qkv=1 (not bit-exact: one
+                     GEMM of another shape; checked by the same accuracy rules)
 3. session.run with host (numpy) inputs, ORT_ENABLE_ALL, the opsfuse library registered, CUDA EP
    for cuda; batch 8 x S in --seqs, a padding-style mask (a zero tail on most rows) and an all-ones
    mask; warm-up, then models interleaved round by round, median per model.
@@ -53,8 +57,12 @@ REFERENCE_MS = {
     "unfused": {128: 3.69, 512: 6.11},
 }
 
-MODELS = ("unfused", "ort_optimized", "opsfuse", "ort+opsfuse")
-OPSFUSE_MODELS = ("opsfuse", "ort+opsfuse")
+PACKED = "ort+opsfuse packed"
+MODELS = ("unfused", "ort_optimized", "opsfuse", "ort+opsfuse", PACKED)
+OPSFUSE_MODELS = ("opsfuse", "ort+opsfuse", PACKED)
+# Column titles of the latency table.
+TITLES = {"unfused": "unfused", "ort_optimized": "ORT optimizer", "opsfuse": "opsfuse",
+          "ort+opsfuse": "ORT fusions + opsfuse", PACKED: "ORT fusions + opsfuse packed Q/K/V"}
 COUNTED_OPS = ("FusedAttention", "Attention", "MultiHeadAttention", "SkipLayerNormalization",
                "BiasGelu", "EmbedLayerNormalization", "FastGelu", "Gelu", "LayerNormalization",
                "SkipSimplifiedLayerNormalization", "Softmax", "MatMul", "Gemm")
@@ -273,13 +281,14 @@ def softmax_patterns(path: Path) -> list[dict]:
     return out
 
 
-def opsfuse_rewrite(src: Path, dst: Path) -> dict:
-    """The rewrite the CLI runs (model_io.load, fuse_attention, validate, save)."""
+def opsfuse_rewrite(src: Path, dst: Path, pack_qkv: bool = False) -> dict:
+    """The rewrite the CLI runs (model_io.load, fuse_attention, validate, save); pack_qkv as the
+    CLI's --pack-qkv."""
     from opsfuse.graph_passes import model_io
     from opsfuse.graph_passes.pipeline import fuse_attention
 
     model = model_io.load(src)
-    model, report = fuse_attention(model)
+    model, report = fuse_attention(model, pack_qkv=pack_qkv)
     model_io.validate(model)
     model_io.save(model, dst, external_data=False)
     cap_ir_version(dst)
@@ -289,6 +298,9 @@ def opsfuse_rewrite(src: Path, dst: Path) -> dict:
                       "three_d": sum(bool(d.get("three_d")) for d in fused),
                       "mask_unbroadcast": sum(bool(d.get("mask_unbroadcast")) for d in fused),
                       "three_d_why_not": sorted({d["three_d_why_not"] for d in fused if d.get("three_d_why_not")}),
+                      "packed_qkv": sum(bool(d.get("packed_qkv")) for d in fused),
+                      "packed_qkv_why_not": sorted({d["packed_qkv_why_not"] for d in fused
+                                                    if d.get("packed_qkv_why_not")}),
                       "left_alone": [{"nodes": c.nodes, "reason": c.reason} for c in report.left],
                       "other_softmax": list(report.other_softmax), "seconds": round(report.seconds, 2)}
     info["report_text"] = report.format()
@@ -459,28 +471,31 @@ def markdown(result: dict) -> str:
         "",
         "## Latency (ms per session.run, median)",
         "",
-        "| S | mask | unfused | ORT optimizer | opsfuse | ORT fusions + opsfuse | opsfuse vs ORT opt. | "
-        "ORT fusions + opsfuse vs ORT opt. |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| S | mask | " + " | ".join(TITLES[n] for n in MODELS) + " | "
+        + " | ".join(f"{TITLES[n]} vs ORT opt." for n in OPSFUSE_MODELS) + " |",
+        "|---:|---|" + "---:|" * (len(MODELS) + len(OPSFUSE_MODELS)),
     ]
     for row in result["timings"]:
         t = row["ms"]
         sp = row["speedup_vs_ort_optimized"]
         lines.append(f"| {row['seq']} | {row['mask']} | " + " | ".join(_fmt_ms(t.get(n)) for n in MODELS) +
-                     f" | {_fmt_x(sp.get('opsfuse'))} | {_fmt_x(sp.get('ort+opsfuse'))} |")
+                     " | " + " | ".join(_fmt_x(sp.get(n)) for n in OPSFUSE_MODELS) + " |")
     lines += ["", "Speed-up = ORT-optimized ms / opsfuse ms (> 1: opsfuse faster).", "",
               "Issue 7's reference figures (H200, fp16, batch 8, host inputs; mask not stated):", "",
               "| S | unfused | ORT optimizer |", "|---:|---:|---:|"]
     for s in (128, 512):
         lines.append(f"| {s} | {REFERENCE_MS['unfused'][s]:.2f} | {REFERENCE_MS['ort_optimized'][s]:.2f} |")
-    lines += ["", "## Models", "", "| model | nodes | fused ops | FusedAttention layers |", "|---|---:|---|---:|"]
+    lines += ["", "## Models", "",
+              "| model | nodes in the file | nodes executed | fused ops | FusedAttention layers |",
+              "|---|---:|---:|---|---:|"]
     for name in MODELS:
         info = result["models"].get(name)
         if info is None:
             continue
         ops = ", ".join(f"{k} {v}" for k, v in info["fused_ops"].items())
         fa = info["fused_ops"].get("FusedAttention", 0)
-        lines.append(f"| {name} | {info['nodes']} | {ops} | {fa} |")
+        executed = info.get("executed_nodes")
+        lines.append(f"| {name} | {info['nodes']} | {'n/a' if executed is None else executed} | {ops} | {fa} |")
     for name in OPSFUSE_MODELS:
         if name not in result["models"]:
             continue
@@ -488,9 +503,12 @@ def markdown(result: dict) -> str:
         lines.append("")
         lines.append(f"- {name}: rewrite found {rep['found']} attention candidates, fused {rep['fused']} "
                      f"(expected {result['meta']['config']['num_hidden_layers']}); 3-D form (B, S, H·D) "
-                     f"{rep.get('three_d', 0)}, mask read un-expanded {rep.get('mask_unbroadcast', 0)}")
+                     f"{rep.get('three_d', 0)}, mask read un-expanded {rep.get('mask_unbroadcast', 0)}"
+                     + (f", packed Q/K/V {rep.get('packed_qkv', 0)}" if name == PACKED else ""))
         for why in rep.get("three_d_why_not", []):
             lines.append(f"  - 4-D form kept: {why}")
+        for why in rep.get("packed_qkv_why_not", []) if name == PACKED else []:
+            lines.append(f"  - Q/K/V not packed: {why}")
         for c in rep["left_alone"]:
             lines.append(f"  - left alone {c['nodes']}: {c['reason']}")
         if result["models"][name].get("missed_layers_why"):
@@ -585,7 +603,7 @@ def run(args) -> int:
         # 1. build and export
         t0 = time.perf_counter()
         wrapper = build_torch_model(cfg, dtype)
-        paths = {n: tmp / f"bert_{n.replace('+', '_')}.onnx" for n in MODELS}
+        paths = {n: tmp / f"bert_{n.replace('+', '_').replace(' ', '_')}.onnx" for n in MODELS}
         export(wrapper, cfg, device, dtype, paths["unfused"])
         log(f"exported {paths['unfused'].name} ({paths['unfused'].stat().st_size / 2**20:.0f} MiB, {dtype}) "
             f"in {time.perf_counter() - t0:.1f} s")
@@ -614,21 +632,28 @@ def run(args) -> int:
         t0 = time.perf_counter()
         mid = tmp / "bert_ort_noattn.onnx"
         noattn = ort_optimize(paths["unfused"], mid, cfg, device, dtype, attention=False)
-        info = opsfuse_rewrite(mid, paths["ort+opsfuse"])
-        info["ort_options"] = noattn["options"]
-        info["before_rewrite"] = noattn["fused_ops"]
-        result["models"]["ort+opsfuse"] = info
-        log(f"ORT optimizer without attention: {noattn['fused_ops']}; then opsfuse: {info['report_text']} "
-            f"({time.perf_counter() - t0:.1f} s)")
-        if info["report"]["fused"] != layers:
-            why = {"left_alone": info["report"]["left_alone"],
-                   "softmax_patterns_left": softmax_patterns(paths["ort+opsfuse"]) or
-                   f"no Softmax left after ORT's optimizer; its ops: {noattn['all_ops']}",
-                   "softmax_patterns_in_plain_export": softmax_patterns(paths["unfused"])[:1]}
-            info["missed_layers_why"] = why
-            errors.append(f"ort+opsfuse: the rewrite fused {info['report']['fused']} of {layers} layers after ORT's "
-                          f"fusions; the node patterns around the softmaxes it missed: {json.dumps(why)[:2000]}")
-            log("warning: " + errors[-1])
+        for name, pack in (("ort+opsfuse", False), (PACKED, True)):
+            t1 = time.perf_counter()
+            info = opsfuse_rewrite(mid, paths[name], pack_qkv=pack)
+            info["ort_options"] = noattn["options"]
+            info["before_rewrite"] = noattn["fused_ops"]
+            result["models"][name] = info
+            log(f"ORT optimizer without attention: {noattn['fused_ops']}; then opsfuse{' --pack-qkv' if pack else ''}: "
+                f"{info['report_text']} ({time.perf_counter() - t1:.1f} s)")
+            if info["report"]["fused"] != layers:
+                why = {"left_alone": info["report"]["left_alone"],
+                       "softmax_patterns_left": softmax_patterns(paths[name]) or
+                       f"no Softmax left after ORT's optimizer; its ops: {noattn['all_ops']}",
+                       "softmax_patterns_in_plain_export": softmax_patterns(paths["unfused"])[:1]}
+                info["missed_layers_why"] = why
+                errors.append(f"{name}: the rewrite fused {info['report']['fused']} of {layers} layers after ORT's "
+                              f"fusions; the node patterns around the softmaxes it missed: {json.dumps(why)[:2000]}")
+                log("warning: " + errors[-1])
+            if pack and info["report"]["packed_qkv"] != info["report"]["fused"]:
+                errors.append(f"{name}: Q/K/V packed in {info['report']['packed_qkv']} of {info['report']['fused']} "
+                              f"fused layers: {info['report']['packed_qkv_why_not']}")
+                log("warning: " + errors[-1])
+        log(f"(ORT fusions and both rewrites: {time.perf_counter() - t0:.1f} s)")
         mid.unlink(missing_ok=True)
 
         # 3. sessions, placement, accuracy
@@ -651,6 +676,8 @@ def run(args) -> int:
             try:
                 result["models"][name]["placement"] = profile_placement(paths[name], device, args.threads,
                                                                         place_feeds, tmp)
+                result["models"][name]["executed_nodes"] = sum(
+                    sum(per_provider.values()) for per_provider in result["models"][name]["placement"].values())
             except Exception as exc:  # noqa: BLE001 - diagnostics only
                 errors.append(f"{name}: profiling for node placement failed: {type(exc).__name__}: {exc}")
         for name in OPSFUSE_MODELS:
@@ -669,7 +696,7 @@ def run(args) -> int:
                 acc = check_accuracy(outputs, ref, dtype)
                 result["accuracy"].append({"seq": seq, "mask": mask, "models": acc})
                 for n, a in acc.items():
-                    log(f"accuracy S={seq} {mask:6s} {n:13s} vs unfused rel {a['vs_unfused']['rel_l2']:.2e} "
+                    log(f"accuracy S={seq} {mask:6s} {n:18s} vs unfused rel {a['vs_unfused']['rel_l2']:.2e} "
                         f"max {a['vs_unfused']['max_abs']:.2e}; vs fp32 ref rel {a['vs_fp32_reference']['rel_l2']:.2e}"
                         f"{'' if a['ok'] else '  WRONG: ' + a['why']}")
                     if not a["ok"]:
