@@ -215,7 +215,7 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
     """One MatMul (and one Add) on the packed weights; the node reads it as Q, K and V."""
     node = match.node
     q = match.projections[0]
-    base = emit.base_name(q.matmul, node)
+    base = emit.base_name(node, q.matmul)  # the attention's scope: .../attention/self/packed_qkv_weight
     weight = _new_initializer(graph, f"{base}/packed_qkv_weight", plan.weight)
     new_nodes: list[ir.Node] = []
     packed = emit.node(new_nodes, "MatMul", [q.x, weight], name=f"{base}/packed_qkv_MatMul")
