@@ -8,7 +8,7 @@ import onnx
 import onnx_ir as ir
 
 from .. import contract
-from . import mask_broadcast, onnx_attention, sdpa_subgraph
+from . import mask_broadcast, mask_index, onnx_attention, sdpa_subgraph
 from . import pack_qkv as pack_rule
 from .report import Candidate, Report
 from .sdpa_subgraph import Reject
@@ -73,6 +73,13 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *
     for cand in report.candidates:
         if cand.fused:
             cand.details["mask_unbroadcast"] = smaller.get(cand.fused_node, "")
+    # The padding mask's exported index arithmetic (attention_mask[batch_idx, kv_idx]) becomes one
+    # Unsqueeze where every index is proven to be the identity.
+    indexed = mask_index.run(graph, fused_nodes, shapes, opset)
+    for cand in report.candidates:
+        if cand.fused:
+            cand.details.update(indexed.get(cand.fused_node, {"mask_index": "", "mask_index_why_not": "",
+                                                                "mask_index_sliced": ""}))
     if pack_qkv:
         # Last: it replaces the projections the fused nodes read (the shapes map does not know the
         # packed tensor, and nothing after this needs it).
