@@ -134,8 +134,7 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 // compiled in, a compute capability 9.0 device, not disabled, float16/bfloat16, D and Dv <= 128
 // (bucket 64 or 128; TMA zero-fills the columns beyond D / Dv, so e.g. D = 40 or Dv != D run too),
 // a prefill plan without a KV split (decode shapes, and small grids with long key sequences where
-// the portable kernel splits the keys many ways, keep the portable kernels; the Hopper kernel
-// splits at most 4 ways, hopper_key_splits()), TMA-addressable Q/K/V.
+// the portable kernel splits the keys, keep the portable kernels), TMA-addressable Q/K/V.
 bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
 #ifndef OPSFUSE_CUDA_HOPPER
   (void)p, (void)dev, (void)plan;
@@ -176,29 +175,17 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
   return p.key_lengths == nullptr;
 }
 
-// Hopper key splits (hopper_fwd.cuh): a grid of few row tiles leaves a partial last wave (seed
-// B=1 H=12 S=2048: 192 tiles on 132 SMs run as 2 waves for 1.45 waves of work; a persistent grid
-// has the same 2-item blocks). Splitting each tile's keys s ways (a cluster of s blocks, merged in
-// distributed shared memory) makes the work s times finer: time ~ ceil(tiles s / SMs)
-// ceil(key tiles / s) + 1 (the merge, about one key tile's work), taken where it is at most 0.85 of
-// the unsplit time; s in {2, 4}, at most one split per key tile. Not causal (the causal tiles'
-// lengths differ: the persistent grid and the block scheduler balance them). Decided before the
-// persistent grid, which is for the launches left unsplit.
-// OPSFUSE_CUDA_HOPPER_SPLITS=N (tests, sweeps): N splits (1..8, at most one per key tile), causal
-// included.
-[[maybe_unused]] int hopper_key_splits(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
-  const int key_tiles = ceil_div(p.seq_k, 128);
+// Hopper key splits (hopper_fwd.cuh: each row tile's keys split s ways in a thread-block cluster,
+// merged in distributed shared memory). Opt-in only, OPSFUSE_CUDA_HOPPER_SPLITS=N (1..8, at most one
+// per key tile; tests, sweeps): written for grids with a partial last wave (seed B=1 H=12 S=2048,
+// 192 row tiles on 132 SMs), but measured on the H200 (2026-11-29, runs 2 and 3) no faster than
+// the unsplit launch: S=2048 2 splits 50.1 us against 46.8-48.5 persistent, S=512 10.2 against
+// 9.9-10.2 (docs/notes/cuda_kernel.md, session 3). Each split block repeats the Q load, the pipeline
+// fill and the epilogue, which the model "key tiles / s" left out.
+[[maybe_unused]] int hopper_key_splits(const AttentionParams& p) {
   const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_SPLITS");
-  if (e != nullptr && std::atoi(e) > 0) return std::max(1, std::min({std::atoi(e), 8, key_tiles}));
-  if (p.is_causal != 0) return 1;
-  const int64_t tiles = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
-  auto cost = [&](int s) {
-    return static_cast<double>(ceil_div(tiles * s, dev.sms)) * ceil_div(key_tiles, s) + (s > 1 ? 1.0 : 0.0);
-  };
-  int best = 1;
-  for (int s : {2, 4})
-    if (s <= key_tiles && cost(s) < cost(best)) best = s;
-  return cost(best) <= 0.85 * cost(1) ? best : 1;
+  if (e == nullptr || std::atoi(e) <= 1) return 1;
+  return std::max(1, std::min({std::atoi(e), 8, ceil_div(p.seq_k, 128)}));
 }
 
 // Decode cluster merge (flash_decode.cuh): how many clusters of `cluster` blocks of the decode
@@ -232,8 +219,8 @@ int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
 //  cudaOccupancyMaxActiveClusters) and OPSFUSE_CUDA_DECODE_NO_CLUSTER is not 1 (tests: the
 //  workspace + combine path). workspace_size() still counts the split workspace (a superset).
 //  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
-//  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), or
-//  key splits merged in a cluster, hopper_key_splits()).
+//  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), or,
+//  opt-in, key splits merged in a cluster, hopper_key_splits()).
 Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hopper = true) {
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
@@ -324,7 +311,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     plan.block_n = 128;
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
-    plan.cluster = hopper_key_splits(p, dev, plan);
+    plan.cluster = hopper_key_splits(p);
     plan.persistent = plan.cluster == 1 && hopper_persistent(p, dev, plan) ? dev.sms : 0;
   }
   return plan;

@@ -425,11 +425,11 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 persistent causal2 kl32", BF, 3, 10, 5, 600, 400, 128, 128, 2, 0.f, N, 0, 32, 1},
       {"hop f16 d128 persistent causal1 gqa2", H, 2, 14, 7, 520, 520, 128, 128, 1, 0.f, N, 0, 0, 1},
       {"hop bf16 d64 persistent causal1 Sq512", BF, 2, 18, 6, 512, 512, 64, 64, 1, 0.f, MB, 1, 0},
-      // Key splits merged in a thread-block cluster: as choose_plan decides (a B=1 H=12 S=2048-like
-      // grid: 192 row tiles, 2 splits), and forced: 4 splits of 8 key tiles with a padding mask,
+      // Key splits merged in a thread-block cluster (opt-in, OPSFUSE_CUDA_HOPPER_SPLITS): 2 splits
+      // of a B=1 H=12 S=2048-like grid (192 row tiles), 4 splits of 8 key tiles with a padding mask,
       // 3 splits (uneven), a split left without keys by causal 1 / key_lengths (partials of max
       // -inf merged: zeros, never NaN), softcap with a bool mask, Dv != D.
-      {"hop f16 d64 split addmask gqa3", H, 1, 12, 4, 2000, 2000, 64, 64, 0, 0.f, MA, 2, 0},
+      {"hop f16 d64 split addmask gqa3", H, 1, 12, 4, 2000, 2000, 64, 64, 0, 0.f, MA, 2, 0, 0, 2},
       {"hop bf16 d128 split4 boolpad", BF, 2, 6, 6, 1000, 1000, 128, 128, 0, 0.f, MB, 1, 0, 0, 4},
       {"hop f16 d128 split3 causal1 kl64", H, 2, 4, 2, 300, 600, 128, 128, 1, 0.f, N, 0, 64, 0, 3},
       {"hop bf16 d64 split4 boolmask softcap", BF, 1, 3, 1, 200, 700, 64, 64, 0, 25.f, MB, 4, 32, 0, 4},
