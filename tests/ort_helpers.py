@@ -125,3 +125,22 @@ class FusedAttentionRunner:
         if key_lengths is not None:
             feeds["key_lengths"] = key_lengths
         return run_session(session, feeds, q.dtype)
+
+
+def assert_onnx_shape_inference_rejects(q_shape, k_shape, v_shape, attrs: dict, expected: str) -> None:
+    """onnx's shape inference (opsfuse.schema) must reject a FusedAttention node named 'bad' with
+    these input shapes and attributes, naming the op, the node and `expected`."""
+    from opsfuse import schema
+
+    schema.register()
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in zip("QKV", (q_shape, k_shape, v_shape))]
+    node = helper.make_node("FusedAttention", ["Q", "K", "V"], ["Y"], domain="com.opsfuse", name="bad", **attrs)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.opsfuse", 1)])
+    try:
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except onnx.shape_inference.InferenceError as err:
+        text = str(err)
+        assert "FusedAttention" in text and "bad" in text and expected in text, text
+    else:
+        raise AssertionError(f"shape inference accepted a bad node: {attrs}, expecting '{expected}'")

@@ -14,8 +14,8 @@ import onnx
 import onnx.numpy_helper
 import pytest
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
 
+from onnx_attention_reference import OVERLAP_CASES, TOLERANCE, case_attributes, case_id, case_mask, onnx_attention
 from ort_helpers import FusedAttentionRunner, run_session
 from opsfuse import contract
 from opsfuse.ort_session import make_session
@@ -26,33 +26,7 @@ def run():
     return FusedAttentionRunner()
 
 
-def _onnx_attention(q, k, v, attn_mask=None, opset=23, **attrs):
-    elem = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}[q.dtype]
-    names = ["Q", "K", "V"] + (["attn_mask"] if attn_mask is not None else [])
-    inputs = [helper.make_tensor_value_info(n, elem, None) for n in ("Q", "K", "V")]
-    feeds = {"Q": q, "K": k, "V": v}
-    if attn_mask is not None:
-        mtype = TensorProto.BOOL if attn_mask.dtype == np.bool_ else elem
-        inputs.append(helper.make_tensor_value_info("attn_mask", mtype, None))
-        feeds["attn_mask"] = attn_mask
-    node = helper.make_node("Attention", names, ["Y"], **attrs)
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("Y", elem, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    return ReferenceEvaluator(model).run(None, feeds)[0]
-
-
-OVERLAP_CASES = [
-    dict(b=2, hq=4, hkv=4, sq=6, sk=6, d=16, dv=16),
-    dict(b=1, hq=6, hkv=2, sq=5, sk=9, d=32, dv=24, is_causal=1),
-    dict(b=2, hq=4, hkv=1, sq=9, sk=5, d=8, dv=8, is_causal=1),
-    dict(b=2, hq=4, hkv=2, sq=7, sk=11, d=16, dv=16, mask="bool4"),
-    dict(b=2, hq=4, hkv=2, sq=7, sk=11, d=16, dv=16, mask="float2", scale=0.37),
-    dict(b=1, hq=2, hkv=2, sq=4, sk=8, d=16, dv=16, mask="float3", softcap=3.0),
-    dict(b=1, hq=2, hkv=1, sq=1, sk=33, d=64, dv=64, is_causal=1),
-]
-
-
-@pytest.mark.parametrize("case", OVERLAP_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("case", OVERLAP_CASES, ids=case_id)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
 def test_matches_onnx_reference_attention(run, case, dtype):
     rng = np.random.default_rng()
@@ -60,19 +34,11 @@ def test_matches_onnx_reference_attention(run, case, dtype):
     q = rng.standard_normal((c["b"], c["hq"], c["sq"], c["d"])).astype(dtype)
     k = rng.standard_normal((c["b"], c["hkv"], c["sk"], c["d"])).astype(dtype)
     v = rng.standard_normal((c["b"], c["hkv"], c["sk"], c["dv"])).astype(dtype)
-    mask = None
-    kind = c.get("mask")
-    if kind == "bool4":
-        mask = rng.random((c["b"], 1, c["sq"], c["sk"])) < 0.7
-        mask[..., 0] = True
-    elif kind == "float2":
-        mask = rng.standard_normal((c["sq"], c["sk"])).astype(dtype)
-    elif kind == "float3":
-        mask = rng.standard_normal((1, c["sq"], c["sk"])).astype(dtype)
-    attrs = {name: c[name] for name in ("is_causal", "scale", "softcap") if name in c}
-    expected = _onnx_attention(q, k, v, mask, **attrs).astype(np.float64)
+    mask = case_mask(rng, c, dtype)
+    attrs = case_attributes(c)
+    expected = onnx_attention(q, k, v, mask, **attrs).astype(np.float64)
     got = run(q, k, v, attn_mask=mask, **attrs).astype(np.float64)
-    tol = 2e-5 if dtype == np.float32 else 4e-3
+    tol = TOLERANCE[np.dtype(dtype)]
     np.testing.assert_allclose(got, expected, atol=tol, rtol=tol)
 
 

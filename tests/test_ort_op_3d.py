@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
 
 from accuracy import assert_within_2x_torch
-from ort_helpers import FusedAttentionRunner, fused_attention_model
+from onnx_attention_reference import OVERLAP_CASES, TOLERANCE, case_attributes, case_id, case_mask, onnx_attention
+from ort_helpers import assert_onnx_shape_inference_rejects, FusedAttentionRunner, fused_attention_model
 from opsfuse import contract, schema
 from opsfuse.ort_session import make_session
 from opsfuse.reference import attention_reference, merge_heads, split_heads
@@ -161,53 +161,19 @@ def test_4d_inputs_may_repeat_the_head_counts(run):
 # ---------------------------------------------------------------------------------------------
 # The ONNX reference Attention (opset 23), 3-D form, on the overlapping cases.
 
-def _onnx_attention_3d(q, k, v, attn_mask=None, **attrs):
-    elem = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}[q.dtype]
-    names = ["Q", "K", "V"] + (["attn_mask"] if attn_mask is not None else [])
-    inputs = [helper.make_tensor_value_info(n, elem, None) for n in ("Q", "K", "V")]
-    feeds = {"Q": q, "K": k, "V": v}
-    if attn_mask is not None:
-        mtype = TensorProto.BOOL if attn_mask.dtype == np.bool_ else elem
-        inputs.append(helper.make_tensor_value_info("attn_mask", mtype, None))
-        feeds["attn_mask"] = attn_mask
-    node = helper.make_node("Attention", names, ["Y"], **attrs)
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("Y", elem, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
-    return ReferenceEvaluator(model).run(None, feeds)[0]
-
-
-OVERLAP_CASES = [
-    dict(b=2, hq=4, hkv=4, sq=6, sk=6, d=16, dv=16),
-    dict(b=1, hq=6, hkv=2, sq=5, sk=9, d=32, dv=24, is_causal=1),
-    dict(b=2, hq=4, hkv=1, sq=9, sk=5, d=8, dv=8, is_causal=1),
-    dict(b=2, hq=4, hkv=2, sq=7, sk=11, d=16, dv=16, mask="bool4"),
-    dict(b=2, hq=4, hkv=2, sq=7, sk=11, d=16, dv=16, mask="float2", scale=0.37),
-    dict(b=1, hq=2, hkv=2, sq=4, sk=8, d=16, dv=16, mask="float3", softcap=3.0),
-    dict(b=1, hq=2, hkv=1, sq=1, sk=33, d=64, dv=64, is_causal=1),
-]
-
-
-@pytest.mark.parametrize("case", OVERLAP_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("case", OVERLAP_CASES, ids=case_id)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
 def test_matches_onnx_reference_attention_3d(run, case, dtype):
     rng = np.random.default_rng()
     c = dict(case)
     q, k, v = random_3d(rng, dtype, c["b"], c["hq"], c["hkv"], c["sq"], c["sk"], c["d"], c["dv"])
-    mask = None
-    kind = c.get("mask")
-    if kind == "bool4":
-        mask = rng.random((c["b"], 1, c["sq"], c["sk"])) < 0.7
-        mask[..., 0] = True
-    elif kind == "float2":
-        mask = rng.standard_normal((c["sq"], c["sk"])).astype(dtype)
-    elif kind == "float3":
-        mask = rng.standard_normal((1, c["sq"], c["sk"])).astype(dtype)
-    attrs = {name: c[name] for name in ("is_causal", "scale", "softcap") if name in c}
+    mask = case_mask(rng, c, dtype)
+    attrs = case_attributes(c)
     heads = dict(q_num_heads=c["hq"], kv_num_heads=c["hkv"])
-    expected = _onnx_attention_3d(q, k, v, mask, **attrs, **heads).astype(np.float64)
+    expected = onnx_attention(q, k, v, mask, **attrs, **heads).astype(np.float64)
     assert expected.shape == (c["b"], c["sq"], c["hq"] * c["dv"])
     got = run(q, k, v, attn_mask=mask, **attrs, **heads).astype(np.float64)
-    tol = 2e-5 if dtype == np.float32 else 4e-3  # as test_onnx_attention_conformance.py
+    tol = TOLERANCE[np.dtype(dtype)]
     np.testing.assert_allclose(got, expected, atol=tol, rtol=tol)
 
 
@@ -288,14 +254,7 @@ BAD_NODES = [
 
 @pytest.mark.parametrize("qd,kd,vd,attrs,expected", BAD_NODES, ids=[b[-1][:40] for b in BAD_NODES])
 def test_onnx_shape_inference_rejects_bad_3d_nodes(qd, kd, vd, attrs, expected):
-    schema.register()
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in zip("QKV", (qd, kd, vd))]
-    node = helper.make_node("FusedAttention", ["Q", "K", "V"], ["Y"], domain="com.opsfuse", name="bad", **attrs)
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.opsfuse", 1)])
-    with pytest.raises(onnx.shape_inference.InferenceError) as err:
-        onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    assert "FusedAttention" in str(err.value) and "bad" in str(err.value) and expected in str(err.value)
+    assert_onnx_shape_inference_rejects(qd, kd, vd, attrs, expected)
 
 
 def test_reference_3d_matches_4d_and_rejects_mixed_ranks():

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from accuracy import assert_within_2x_torch
-from ort_helpers import ONNX_TYPE, FusedAttentionRunner, run_session
+from ort_helpers import assert_onnx_shape_inference_rejects, ONNX_TYPE, FusedAttentionRunner, run_session
 from opsfuse import contract, schema
 from opsfuse.ort_session import make_session
 from opsfuse.reference import attention_reference, packed_qkv_windows, split_heads
@@ -293,11 +293,4 @@ BAD_NODES = [
 
 @pytest.mark.parametrize("qd,kd,vd,attrs,expected", BAD_NODES, ids=[b[-1][:40] for b in BAD_NODES])
 def test_onnx_shape_inference_rejects_bad_packed_nodes(qd, kd, vd, attrs, expected):
-    schema.register()
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in zip("QKV", (qd, kd, vd))]
-    node = helper.make_node("FusedAttention", ["Q", "K", "V"], ["Y"], domain="com.opsfuse", name="bad", **attrs)
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.opsfuse", 1)])
-    with pytest.raises(onnx.shape_inference.InferenceError) as err:
-        onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    assert "FusedAttention" in str(err.value) and "bad" in str(err.value) and expected in str(err.value)
+    assert_onnx_shape_inference_rejects(qd, kd, vd, attrs, expected)
