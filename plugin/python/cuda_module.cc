@@ -187,6 +187,17 @@ void prepare(Prepared& pr, py::handle q, py::handle k, py::handle v, py::handle 
   read_view(kl, "key_lengths", stream, pr.in[4]);
   for (int i = 0; i < 3; ++i)
     if (!pr.in[i].present) invalid("Q, K and V are required");
+  // The binding reads each tensor's own strides as (batch, head, sequence): the graph op's 3-D
+  // (B, S, H*D) form is a (B, H, S, D) view here (x.view(B, S, H, D).transpose(1, 2)).
+  static const char* const kQkv[3] = {"Q", "K", "V"};
+  for (int i = 0; i < 3; ++i) {
+    if (pr.in[i].shape.size() == 4) continue;
+    opsfuse::Message os;
+    os << "input " << kQkv[i] << " must have rank 4 (batch, heads, sequence, head size) in "
+       << "opsfuse.cuda.fused_attention, got rank " << static_cast<int64_t>(pr.in[i].shape.size())
+       << "; pass a (B, S, H*D) tensor as its (B, H, S, D) view";
+    invalid(os.str());
+  }
   opsfuse::TensorDesc desc[5];
   for (int i = 0; i < 5; ++i) {
     desc[i].present = pr.in[i].present;
