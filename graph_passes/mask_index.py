@@ -44,7 +44,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .. import contract
-from .ir_utils import const_array, is_default_domain, op
+from .ir_utils import const_array, dtype_of, is_default_domain, op
 
 NAME = "mask_index"
 _MAX_DEPTH = 16  # producer levels searched above a fused node's mask
@@ -68,13 +68,10 @@ def _const_int(value: ir.Value | None) -> int | None:
 
 
 def _dtype(value: ir.Value, shapes) -> ir.DataType | None:
-    if value.name in getattr(shapes, "dtypes", {}):
-        return shapes.dtypes[value.name]
-    if value.type is not None:
-        try:
-            return value.dtype
-        except Exception:
-            return None
+    """dtype_of(), and for a Constant node's output the dtype of its value."""
+    known = dtype_of(value, shapes)
+    if known is not None:
+        return known
     arr = const_array(value)
     return None if arr is None else ir.DataType.from_numpy(arr.dtype)
 
