@@ -61,7 +61,6 @@ struct Case {
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
-bool g_quiet = false;  // --stress: print failing runs only
 
 // Rounds through the element type and writes its bytes.
 double store_elem(DType t, void* base, size_t i, double x) {
@@ -85,7 +84,9 @@ double load_elem(DType t, const void* base, size_t i) {
   return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
 
-bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream) {
+// `repeats` > 1 (--stress): the launch and the comparison again on the same data, Y re-poisoned
+// each time (the float64 reference, the slow part, is computed once); false if any run failed.
+bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream, int repeats = 1) {
   std::normal_distribution<double> nd(0.0, 1.0);
   const size_t nq = size_t(c.B) * c.Hq * c.Sq * c.D, nk = size_t(c.B) * c.Hkv * c.Sk * c.D,
                nv = size_t(c.B) * c.Hkv * c.Sk * c.Dv, ny = size_t(c.B) * c.Hq * c.Sq * c.Dv;
@@ -203,38 +204,45 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream) {
   p.is_causal = c.causal;
   const size_t wsb = opsfuse::cuda::workspace_size(p);
   if (wsb) CHECK_CUDA(cudaMalloc(&ws, wsb));
-  // The uploads and the NaN poison went through the legacy default stream (cudaMemset is
-  // asynchronous), which a non-blocking stream does not wait for: without this, a busy GPU can
-  // land the poison after the kernel's stores (seen once under pytest's parallel GPU tests).
-  CHECK_CUDA(cudaDeviceSynchronize());
-  const opsfuse::Status st = opsfuse::cuda::launch(p, ws, wsb, stream);
-  if (st != opsfuse::Status::kOk) {
-    std::printf("FAIL %-28s launch: %s: %s\n", c.name, opsfuse::status_name(st), opsfuse::cuda::last_error_message());
-    return false;
-  }
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  CHECK_CUDA(cudaMemcpy(hy.data(), dy, hy.size(), cudaMemcpyDeviceToHost));
+  bool all_ok = true;
+  for (int run = 0; run < repeats; ++run) {
+    if (run > 0) CHECK_CUDA(cudaMemset(dy, 0xff, hy.size()));
+    // The uploads and the NaN poison went through the legacy default stream (cudaMemset is
+    // asynchronous), which a non-blocking stream does not wait for: without this, a busy GPU can
+    // land the poison after the kernel's stores (seen once under pytest's parallel GPU tests).
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const opsfuse::Status st = opsfuse::cuda::launch(p, ws, wsb, stream);
+    if (st != opsfuse::Status::kOk) {
+      std::printf("FAIL %-28s launch: %s: %s\n", c.name, opsfuse::status_name(st),
+                  opsfuse::cuda::last_error_message());
+      all_ok = false;
+      break;
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaMemcpy(hy.data(), dy, hy.size(), cudaMemcpyDeviceToHost));
 
-  double num = 0, den = 0, max_abs = 0;
-  bool nan = false;
-  for (size_t i = 0; i < ny; ++i) {
-    const double y = load_elem(c.dtype, hy.data(), i);
-    if (!std::isfinite(y)) nan = true;
-    num += (y - ref[i]) * (y - ref[i]);
-    den += ref[i] * ref[i];
-    max_abs = std::max(max_abs, std::fabs(y - ref[i]));
+    double num = 0, den = 0, max_abs = 0;
+    bool nan = false;
+    for (size_t i = 0; i < ny; ++i) {
+      const double y = load_elem(c.dtype, hy.data(), i);
+      if (!std::isfinite(y)) nan = true;
+      num += (y - ref[i]) * (y - ref[i]);
+      den += ref[i] * ref[i];
+      max_abs = std::max(max_abs, std::fabs(y - ref[i]));
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    const double tol = c.dtype == DType::kFloat32 ? 1e-5 : (c.dtype == DType::kFloat16 ? 2e-3 : 1.6e-2);
+    const bool ok = !nan && rel <= tol;
+    if (!ok || repeats == 1)
+      std::printf("%s %-28s rel %.3e max_abs %.3e (tol %.1e) workspace %zu%s\n", ok ? "ok  " : "FAIL", c.name, rel,
+                  max_abs, tol, wsb, nan ? " NaN/unwritten" : "");
+    all_ok = all_ok && ok;
   }
-  const double rel = std::sqrt(num / std::max(den, 1e-30));
-  const double tol = c.dtype == DType::kFloat32 ? 1e-5 : (c.dtype == DType::kFloat16 ? 2e-3 : 1.6e-2);
-  const bool ok = !nan && rel <= tol;
-  if (!ok || !g_quiet)
-    std::printf("%s %-28s rel %.3e max_abs %.3e (tol %.1e) workspace %zu%s\n", ok ? "ok  " : "FAIL", c.name, rel, max_abs,
-              tol, wsb, nan ? " NaN/unwritten" : "");
   cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dy);
   if (dm) cudaFree(dm);
   if (dl) cudaFree(dl);
   if (ws) cudaFree(ws);
-  return ok;
+  return all_ok;
 }
 
 // Runs `c` twice on the same data (same rng seed): Hopper kernel allowed, then disabled.
@@ -377,6 +385,7 @@ int run_bench(cudaStream_t stream) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run cut short by `timeout` still shows its lines
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool bench = argc > 1 && std::strcmp(argv[1], "--bench") == 0;
   const DType F = DType::kFloat32, H = DType::kFloat16, BF = DType::kBFloat16;
@@ -474,16 +483,13 @@ int main(int argc, char** argv) {
       continue;
     if (stress) {
       const int runs = std::atoi(argv[3]);
-      g_quiet = true;
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
       if (c.persist) setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
       if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
-      int bad = 0;
-      for (int r = 0; r < runs; ++r) {
-        std::mt19937 srng(hseed);
-        bad += run_case(c, srng, stream) ? 0 : 1;
-      }
-      std::printf("stress %s: %d of %d runs failed\n", c.name, bad, runs);
+      // Runs that fail print their own line; the count of them comes from those lines.
+      std::mt19937 srng(hseed);
+      const int bad = run_case(c, srng, stream, runs) ? 0 : 1;
+      std::printf("stress %s: %d runs, %s\n", c.name, runs, bad ? "FAILED (see the FAIL lines)" : "all ok");
       failed += bad, n += runs;
       continue;
     }
