@@ -63,14 +63,16 @@ def flops(b: int, h: int, s: int, d: int) -> float:
 
 # --- models -------------------------------------------------------------------------------------
 
-def build_model(kind: str, b: int, h: int, s: int, d: int):
-    """The ONNX model of `kind` (one of MODELS) for float32 inputs of sequence length s."""
+def build_model(kind: str, b: int, h: int, s: int, d: int, sq: int | None = None):
+    """The ONNX model of `kind` (one of MODELS) for float32 inputs of sequence length s (keys and
+    values; queries too unless `sq` is given, e.g. 1 for decoding)."""
     from onnx import TensorProto, helper
 
     from .. import contract
 
     f32 = TensorProto.FLOAT
     bhsd = [b, h, s, d]
+    q_bhsd = [b, h, s if sq is None else sq, d]
     scale = 1.0 / math.sqrt(d)
 
     def vi(name, shape):
@@ -78,7 +80,7 @@ def build_model(kind: str, b: int, h: int, s: int, d: int):
 
     if kind == "fused":
         node = helper.make_node(contract.OP_NAME, ["Q", "K", "V"], ["Y"], domain=contract.DOMAIN, scale=scale)
-        graph = helper.make_graph([node], "fused", [vi(n, bhsd) for n in "QKV"], [vi("Y", bhsd)])
+        graph = helper.make_graph([node], "fused", [vi("Q", q_bhsd), vi("K", bhsd), vi("V", bhsd)], [vi("Y", q_bhsd)])
         opsets = [helper.make_opsetid("", 17), helper.make_opsetid(contract.DOMAIN, contract.OP_VERSION)]
     elif kind == "unfused":
         nodes = [
@@ -89,18 +91,20 @@ def build_model(kind: str, b: int, h: int, s: int, d: int):
             helper.make_node("MatMul", ["P", "V"], ["Y"]),
         ]
         init = [helper.make_tensor("scale", f32, [], [scale])]
-        graph = helper.make_graph(nodes, "unfused", [vi(n, bhsd) for n in "QKV"], [vi("Y", bhsd)], init)
+        graph = helper.make_graph(nodes, "unfused", [vi("Q", q_bhsd), vi("K", bhsd), vi("V", bhsd)], [vi("Y", q_bhsd)],
+                                  init)
         opsets = [helper.make_opsetid("", 17)]
     elif kind == "mha":
         bsh = [b, s, h * d]
+        q_bsh = [b, q_bhsd[2], h * d]
         node = helper.make_node(
             "MultiHeadAttention", ["Q", "K", "V"], ["Y"], domain="com.microsoft", num_heads=h, scale=scale
         )
-        graph = helper.make_graph([node], "mha", [vi(n, bsh) for n in "QKV"], [vi("Y", bsh)])
+        graph = helper.make_graph([node], "mha", [vi("Q", q_bsh), vi("K", bsh), vi("V", bsh)], [vi("Y", q_bsh)])
         opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     elif kind == "attn23":
         node = helper.make_node("Attention", ["Q", "K", "V"], ["Y"], scale=scale)
-        graph = helper.make_graph([node], "attn23", [vi(n, bhsd) for n in "QKV"], [vi("Y", bhsd)])
+        graph = helper.make_graph([node], "attn23", [vi("Q", q_bhsd), vi("K", bhsd), vi("V", bhsd)], [vi("Y", q_bhsd)])
         opsets = [helper.make_opsetid("", 23)]
     else:
         raise ValueError(f"unknown model kind {kind!r}")

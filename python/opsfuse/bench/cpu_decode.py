@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from . import cpu
 from .cpu import cpu_model, kernel_isa, load_average, make_session
 
 B, H, D = 1, 12, 64
@@ -29,32 +29,7 @@ KINDS = ("fused", "unfused")
 
 def build_model(kind: str, sk: int):
     """Q (B, H, 1, D), K and V (B, H, Sk, D) -> Y (B, H, 1, D)."""
-    from onnx import TensorProto, helper
-
-    from .. import contract
-
-    f32 = TensorProto.FLOAT
-    inputs = [helper.make_tensor_value_info("Q", f32, [B, H, 1, D])]
-    inputs += [helper.make_tensor_value_info(n, f32, [B, H, sk, D]) for n in "KV"]
-    output = [helper.make_tensor_value_info("Y", f32, [B, H, 1, D])]
-    scale = 1.0 / math.sqrt(D)
-    if kind == "fused":
-        nodes = [helper.make_node(contract.OP_NAME, ["Q", "K", "V"], ["Y"], domain=contract.DOMAIN, scale=scale)]
-        init = []
-        opsets = [helper.make_opsetid("", 17), helper.make_opsetid(contract.DOMAIN, contract.OP_VERSION)]
-    else:
-        nodes = [
-            helper.make_node("Transpose", ["K"], ["Kt"], perm=[0, 1, 3, 2]),
-            helper.make_node("MatMul", ["Q", "Kt"], ["S"]),
-            helper.make_node("Mul", ["S", "scale"], ["Ss"]),
-            helper.make_node("Softmax", ["Ss"], ["P"], axis=-1),
-            helper.make_node("MatMul", ["P", "V"], ["Y"]),
-        ]
-        init = [helper.make_tensor("scale", f32, [], [scale])]
-        opsets = [helper.make_opsetid("", 17)]
-    model = helper.make_model(helper.make_graph(nodes, kind, inputs, output, init), opset_imports=opsets)
-    model.ir_version = 10
-    return model
+    return cpu.build_model(kind, B, H, sk, D, sq=1)
 
 
 def time_sk(sk: int, rounds: int) -> dict:
