@@ -29,6 +29,16 @@ def random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv):
     return q, k, v
 
 
+def random_mask(rng, kind, shape, dtype):
+    """A fresh mask of `shape`: bool (70 % True) or additive in `dtype` (standard normal, 20 %
+    -inf)."""
+    if kind == "bool":
+        return rng.random(shape) < 0.7
+    mask = rng.standard_normal(shape).astype(dtype)
+    mask[rng.random(shape) < 0.2] = -np.inf
+    return mask
+
+
 def torch_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0):
     """PyTorch computing the contract in the inputs' own precision (the yardstick of the 2x rule)."""
     import torch

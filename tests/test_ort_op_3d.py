@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from accuracy import assert_within_2x_torch
+from accuracy import assert_within_2x_torch, random_mask
 from onnx_attention_reference import OVERLAP_CASES, TOLERANCE, case_attributes, case_id, case_mask, onnx_attention
 from ort_helpers import assert_onnx_shape_inference_rejects, FusedAttentionRunner, fused_attention_model
 from opsfuse import contract, schema
@@ -81,11 +81,7 @@ def test_masks_broadcast_to_b_hq_sq_sk(run, dtype, kind, shape):
     """The mask keeps its 4-D meaning (broadcast to (B, Hq, Sq, Sk)) with 3-D Q, K, V."""
     rng = np.random.default_rng()
     q, k, v = random_3d(rng, dtype, 2, 6, 2, 7, 13, 40, 24)
-    if kind == "bool":
-        mask = rng.random(shape) < 0.7
-    else:
-        mask = rng.standard_normal(shape).astype(dtype)
-        mask[rng.random(shape) < 0.2] = -np.inf
+    mask = random_mask(rng, kind, shape, dtype)
     check_3d(run, q, k, v, 6, 2, f"3-D {kind} mask {shape}", attn_mask=mask)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from accuracy import assert_within_2x_torch, random_inputs
+from accuracy import assert_within_2x_torch, random_inputs, random_mask
 from ort_helpers import FusedAttentionRunner, fused_attention_model
 from opsfuse.reference import attention_reference
 
@@ -69,11 +69,7 @@ MASK_SHAPES = [
 def test_masks_broadcast(run, dtype, kind, rank, shape):
     rng = np.random.default_rng()
     q, k, v = random_inputs(rng, dtype, 2, 4, 2, 7, 13, 40, 24)
-    if kind == "bool":
-        mask = rng.random(shape) < 0.7
-    else:
-        mask = rng.standard_normal(shape).astype(dtype)
-        mask[rng.random(shape) < 0.2] = -np.inf
+    mask = random_mask(rng, kind, shape, dtype)
     out = run(q, k, v, attn_mask=mask)
     assert_within_2x_torch(out, q, k, v, attn_mask=mask, what=f"{kind} mask {shape}")
 
@@ -167,11 +163,7 @@ ROW_MASK_SHAPES = [(1, 77), (2, 1, 1, 77), (2, 3, 1, 77), (1, 3, 1, 77), (3, 1, 
 def test_decode_rows_masks(run, dtype, kind, shape):
     rng = np.random.default_rng()
     q, k, v = random_inputs(rng, dtype, 2, 3, 3, 1, 77, 64, 64)
-    if kind == "bool":
-        mask = rng.random(shape) < 0.7
-    else:
-        mask = rng.standard_normal(shape).astype(dtype)
-        mask[rng.random(shape) < 0.2] = -np.inf
+    mask = random_mask(rng, kind, shape, dtype)
     out = run(q, k, v, attn_mask=mask)
     assert_within_2x_torch(out, q, k, v, attn_mask=mask, what=f"decode {kind} mask {shape}")
     assert not np.any(np.isnan(out.astype(np.float64)))

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from accuracy import assert_within_2x_torch
+from accuracy import assert_within_2x_torch, random_mask
 from ort_helpers import assert_onnx_shape_inference_rejects, ONNX_TYPE, FusedAttentionRunner, run_session
 from opsfuse import contract, schema
 from opsfuse.ort_session import make_session
@@ -145,11 +145,7 @@ MASK_SHAPES = [(13, 13), (1, 13, 13), (6, 1, 13), (2, 1, 13, 13), (1, 6, 13, 13)
 def test_masks_broadcast_to_b_hq_s_s(packed, unpacked, dtype, kind, shape):
     rng = np.random.default_rng()
     p = random_packed(rng, dtype, 2, 13, 6, 2, 40)
-    if kind == "bool":
-        mask = rng.random(shape) < 0.7
-    else:
-        mask = rng.standard_normal(shape).astype(dtype)
-        mask[rng.random(shape) < 0.2] = -np.inf
+    mask = random_mask(rng, kind, shape, dtype)
     check_packed(packed, unpacked, p, 6, 2, f"packed {kind} mask {shape}", attn_mask=mask)
 
 
