@@ -1,0 +1,66 @@
+// Internal to plugin/cuda/hopper: PTX wrappers for the sm_90 asynchronous-copy machinery shared by
+// the Hopper prefill kernel (hopper_fwd.cuh) and the Hopper decode kernel (hopper_decode.cuh):
+// mbarriers (init / expect_tx / arrive / parity wait) and TMA tensor-map loads completing on one.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>  // CUtensorMap (types only: nothing links libcuda)
+
+namespace opsfuse::cuda::detail {
+namespace hopper {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase with parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// TMA: box of the 4-D tensor map at coordinates (c0 = column, c1 = row, c2 = head, c3 = batch)
+// into shared memory; completion is signalled on `bar` as transaction bytes.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+// Makes mbarrier inits visible to the async proxy (TMA) and the other threads before first use.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Loads a kernel-parameter tensor map into the TMA unit's descriptor cache ahead of its first use.
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+}  // namespace hopper
+
+// Host side (hopper_host.cu): encodes a 4-D (columns, rows, heads, batch) 16-bit tensor map with
+// 128-byte swizzle and a (64, box_rows, 1, 1) box. strides: elements, KernelArgs order (batch,
+// head, row). Returns false when the driver refuses the layout.
+bool hopper_encode_map(CUtensorMap* map, const void* base, bool bf16, int64_t cols, int64_t rows, int64_t heads,
+                       int64_t batch, const int64_t strides[3], int box_rows);
+
+}  // namespace opsfuse::cuda::detail
