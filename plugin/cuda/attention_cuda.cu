@@ -16,10 +16,10 @@
 //                                  also where the sm_90 cluster merge would run (choose_plan).
 //   OPSFUSE_CUDA_DECODE_SPLITS=N   (benchmark sweeps) decode with N key splits.
 //   OPSFUSE_CUDA_HOPPER_SPLITS=N   (tests, sweeps) the Hopper kernel with N key splits per row tile.
-//   OPSFUSE_CUDA_DECODE_BULK=1     (tests, A/B) decode loads K/V rows with cp.async.bulk on sm_90
-//                                  (off by default: measured slower than cp.async).
-// workspace_size() always answers for the portable plan (a superset: the Hopper kernel needs none),
-// so neither variable can make a launch short of workspace.
+//   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
+//                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
+// workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
+// can make a launch short of workspace (nor the portable fallback when the driver refuses a TMA map).
 #include "attention_cuda.h"
 
 #include <algorithm>
@@ -154,6 +154,24 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
 #endif
 }
 
+// Whether the sm_90 decode kernel (hopper/hopper_decode.cuh: TMA loads of K and V) takes a launch
+// whose portable plan is the decode kernel `plan`: compiled in, a compute capability 9.0 device,
+// TMA-addressable K and V (Q is loaded by the threads), not switched off.
+bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
+#ifndef OPSFUSE_CUDA_HOPPER
+  (void)p, (void)dev, (void)plan;
+  return false;
+#else
+  if (dev.cc != 90 || plan.kind != KernelKind::kTensorCoreDecode || plan.bucket > 128) return false;
+  if (p.seq_k < 1 || !tma_layout_ok(p.k, p.k_stride, p.batch, p.heads_kv, p.seq_k) ||
+      !tma_layout_ok(p.v, p.v_stride, p.batch, p.heads_kv, p.seq_k))
+    return false;
+  if (env_flag("OPSFUSE_CUDA_DISABLE_HOPPER")) return false;
+  const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_DECODE");
+  return e == nullptr || e[0] != '0';
+#endif
+}
+
 // Hopper persistent grid (one block per multiprocessor, each looping over row tiles in a static
 // snake order, see hopper_fwd.cuh: the producer loads the next tile's Q and K/V while the
 // consumers finish the current one, which hides a tile's prologue and epilogue) when there are
@@ -210,14 +228,14 @@ int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
 //  (memory bound: bytes in flight matter, and a second partial wave would idle most of the chip);
 //  prefill tiles split only when the grid leaves at least half of the multiprocessors idle and
 //  each split keeps >= 4 key tiles (the combine pass is not free).
-//  Decode on compute capability >= 9.0 with OPSFUSE_CUDA_DECODE_BULK=1 (plan.bulk, off by default:
-//  measured slower): K/V rows by cp.async.bulk (TMA engine, one per row, mbarrier ring) where the
-//  layout allows, which the kernel checks (16-byte rows), else cp.async.
 //  Decode split on compute capability >= 9.0 with <= 8 splits: the splits of one (batch, kv head)
 //  are one thread-block cluster that merges in distributed shared memory and writes Y (plan.cluster,
 //  no combine launch: ~3-5 us less), when the device holds all the clusters at once (one wave,
 //  cudaOccupancyMaxActiveClusters) and OPSFUSE_CUDA_DECODE_NO_CLUSTER is not 1 (tests: the
 //  workspace + combine path). workspace_size() still counts the split workspace (a superset).
+//  Hopper decode (allow_hopper, hopper_decode_eligible()): a decode plan becomes
+//  KernelKind::kHopperDecode with the same splits (its blocks are as resident: two per SM), merged
+//  by the combine kernel (no cluster merge).
 //  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
 //  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), or,
 //  opt-in, key splits merged in a cluster, hopper_key_splits()).
@@ -264,9 +282,6 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
   if (plan.kind == KernelKind::kTensorCoreDecode) {  // flash_decode.cuh: a ring of K/V stages
     plan.stages = detail::decode_stages(plan.bucket, dev.smem_per_sm);
     smem_block = detail::decode_smem_bytes(plan.bucket, plan.stages);
-    // Off by default: measured on the H200 (2026-11-29), one cp.async.bulk per 256-byte row capped
-    // decode at ~1.6 TB/s (the copy engine's request rate), against ~4.0 TB/s with cp.async.
-    plan.bulk = dev.cc >= 90 && env_flag("OPSFUSE_CUDA_DECODE_BULK") ? 1 : 0;
   }
   plan.block_m = tile.block_m;
   plan.block_n = tile.block_n;
@@ -304,6 +319,10 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
   if (plan.kind == KernelKind::kTensorCoreDecode && plan.num_splits > 1 && plan.num_splits <= 8 && dev.cc >= 90 &&
       !env_flag("OPSFUSE_CUDA_DECODE_NO_CLUSTER") && decode_clusters(p, plan, plan.num_splits) >= blocks)
     plan.cluster = plan.num_splits;
+  if (allow_hopper && hopper_decode_eligible(p, dev, plan)) {
+    plan.kind = KernelKind::kHopperDecode;
+    plan.cluster = 1;
+  }
   if (allow_hopper && hopper_eligible(p, dev, plan)) {
     // hopper/hopper_fwd.cuh: 128 query rows of one (batch, query head) per block, 128-key tiles.
     plan.kind = KernelKind::kHopper;
@@ -410,6 +429,16 @@ RunFn pick_kernel(const AttentionParams& p, const Plan& plan) {
       static const RunFn bf[3] = {run_tc_bf16_d64, run_tc_bf16_d128, run_tc_bf16_d256};
       return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
     }
+    case KernelKind::kHopperDecode: {
+#ifdef OPSFUSE_CUDA_HOPPER
+      static const RunFn h[2] = {run_hopper_dec_f16_d64, run_hopper_dec_f16_d128};
+      static const RunFn bf[2] = {run_hopper_dec_bf16_d64, run_hopper_dec_bf16_d128};
+      if (bi > 1) return nullptr;
+      return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
+#else
+      return nullptr;
+#endif
+    }
     case KernelKind::kHopper: {
 #ifdef OPSFUSE_CUDA_HOPPER
       static const RunFn h[2] = {run_hopper_f16_d64, run_hopper_f16_d128};
@@ -431,7 +460,8 @@ size_t workspace_size(const AttentionParams& p) {
   if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return 0;
   DeviceInfo dev;
   if (device_info(&dev) != cudaSuccess) return 0;
-  return workspace_for(p, choose_plan(p, dev, /*allow_hopper=*/false));  // see the top
+  return std::max(workspace_for(p, choose_plan(p, dev, /*allow_hopper=*/false)),
+                  workspace_for(p, choose_plan(p, dev)));  // see the top
 }
 
 Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
@@ -497,30 +527,39 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
   bool vs = aligned(p.y, 2 * esize);
   for (int i = 0; i < 3; ++i) vs = vs && p.y_stride[i] % 2 == 0;
   a.vec_store = vs ? 1 : 0;
-  a.num_splits = plan.num_splits;
-  if (plan.num_splits > 1) {
-    const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seq_q;
-    uintptr_t base = (reinterpret_cast<uintptr_t>(workspace) + 255) & ~uintptr_t(255);
-    a.part_o = reinterpret_cast<float*>(base);
-    a.part_ml = a.part_o + static_cast<size_t>(plan.num_splits) * rows * p.head_dim_v;
-  }
-
+  // The split-KV workspace layout of a plan: partial outputs, then (max, sum) per split and row.
+  auto bind_splits = [&](const Plan& pl) {
+    a.num_splits = pl.num_splits;
+    if (pl.num_splits > 1) {
+      const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seq_q;
+      uintptr_t base = (reinterpret_cast<uintptr_t>(workspace) + 255) & ~uintptr_t(255);
+      a.part_o = reinterpret_cast<float*>(base);
+      a.part_ml = a.part_o + static_cast<size_t>(pl.num_splits) * rows * p.head_dim_v;
+    }
+  };
+  bind_splits(plan);
   const RunFn run = pick_kernel(p, plan);
   if (run == nullptr) return fail(Status::kUnsupported, "no compiled kernel for this configuration");
   g_last_kind = static_cast<int>(plan.kind);
+  Plan ran = plan;
   err = run(a, plan, stream);
-  if (err == cudaErrorNotSupported && plan.kind == KernelKind::kHopper) {
-    // The driver refused a TMA layout that hopper_eligible() let through (nothing was launched):
-    // the portable plan instead, when it needs no workspace (always, unless FORCE_HOPPER is set).
+  if (err == cudaErrorNotSupported && (plan.kind == KernelKind::kHopper || plan.kind == KernelKind::kHopperDecode)) {
+    // The driver refused a TMA layout that the eligibility checks let through (nothing was
+    // launched): the portable plan instead, when the workspace covers it (workspace_size() counts
+    // it; a caller that sized the workspace for the Hopper plan alone may fall short).
     const Plan fallback = choose_plan(p, dev, /*allow_hopper=*/false);
-    const RunFn fallback_run = fallback.num_splits == 1 ? pick_kernel(p, fallback) : nullptr;
+    const size_t fallback_need = workspace_for(p, fallback);
+    const RunFn fallback_run =
+        fallback_need == 0 || (workspace != nullptr && workspace_bytes >= fallback_need) ? pick_kernel(p, fallback) : nullptr;
     if (fallback_run != nullptr) {
+      bind_splits(fallback);
       g_last_kind = static_cast<int>(fallback.kind);
+      ran = fallback;
       err = fallback_run(a, fallback, stream);
     }
   }
   if (err != cudaSuccess) return cuda_fail(err, "launching the FusedAttention kernel");
-  if (plan.num_splits > 1 && plan.cluster <= 1) {  // a cluster merge (decode) already wrote Y
+  if (ran.num_splits > 1 && ran.cluster <= 1) {  // a cluster merge (decode) already wrote Y
     switch (p.dtype) {
       case DType::kFloat32: err = launch_combine<float>(a, stream); break;
       case DType::kFloat16: err = launch_combine<__half>(a, stream); break;

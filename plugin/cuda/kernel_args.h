@@ -44,9 +44,10 @@ struct KernelArgs {
 };
 
 // Which compiled kernel runs, chosen by choose_plan() in attention_cuda.cu (the one heuristic).
-// kHopper: the sm_90a kernel (hopper/hopper_fwd.cuh), compiled only when CMAKE_CUDA_ARCHITECTURES
-// includes 90 (then OPSFUSE_CUDA_HOPPER is defined for attention_cuda.cu).
-enum class KernelKind : int { kTensorCore = 0, kTensorCoreDecode = 1, kFloat32 = 2, kHopper = 3 };
+// kHopper / kHopperDecode: the sm_90a prefill kernel (hopper/hopper_fwd.cuh) and the sm_90 TMA decode
+// kernel (hopper/hopper_decode.cuh), compiled only when CMAKE_CUDA_ARCHITECTURES includes 90 (then
+// OPSFUSE_CUDA_HOPPER is defined for attention_cuda.cu).
+enum class KernelKind : int { kTensorCore = 0, kTensorCoreDecode = 1, kFloat32 = 2, kHopper = 3, kHopperDecode = 4 };
 
 // Test hook (attention_cuda.cu): the KernelKind of the calling thread's last launched kernel, -1 if none.
 int last_launch_kind();
@@ -64,8 +65,6 @@ struct Plan {
                         // shared memory (flash_decode.cuh; no combine launch); 1 otherwise.
                         // kHopper: > 1 = that many key splits per row tile, one cluster per tile,
                         // merged in distributed shared memory (num_splits stays 1: no workspace)
-  int bulk = 0;         // decode on sm_90: 1 = K/V rows by cp.async.bulk into an mbarrier ring where
-                        // the layout allows (the kernel checks), else cp.async
   int persistent = 0;   // kHopper: > 0 = a persistent grid of that many blocks looping over the row
                         // tiles (when there are more tiles than blocks); 0 = one block per tile
 };
@@ -90,6 +89,10 @@ OPSFUSE_DECLARE_TC(run_hopper_f16_d64);  // hopper/*.cu, sm_90a only
 OPSFUSE_DECLARE_TC(run_hopper_f16_d128);
 OPSFUSE_DECLARE_TC(run_hopper_bf16_d64);
 OPSFUSE_DECLARE_TC(run_hopper_bf16_d128);
+OPSFUSE_DECLARE_TC(run_hopper_dec_f16_d64);  // hopper/hopper_dec_*.cu, sm_90a only
+OPSFUSE_DECLARE_TC(run_hopper_dec_f16_d128);
+OPSFUSE_DECLARE_TC(run_hopper_dec_bf16_d64);
+OPSFUSE_DECLARE_TC(run_hopper_dec_bf16_d128);
 #undef OPSFUSE_DECLARE_TC
 // Decode (dec_*.cu): how many clusters of `cluster` blocks of the `stages` deep decode kernel fit on
 // the current device at once, 0 where the cluster merge is not available (flash_decode.cuh,
@@ -134,13 +137,13 @@ constexpr int f32_smem_bytes(int bucket, int block_m, int block_n) {
 }
 
 // Decode kernel (flash_decode.cuh): shared memory of one block (Q tile + a ring of `stages` K and V
-// tiles, rows padded by 16 bytes, + one 8-byte mbarrier per stage for the sm_90 bulk loads), and the
+// tiles, rows padded by 16 bytes), and the
 // ring depth for a device: the deepest of 2..4 that keeps
 // two blocks resident per multiprocessor (H100/H200: 3 at D=128, 4 at D=64; A100: 2 at D=128),
 // else 2 (74 KB at D=128: within every sm_80+ per-block limit).
 constexpr int kDecodeMaxStages = 4;
 __host__ __device__ constexpr int decode_smem_bytes(int bucket, int stages) {
-  return (kTcDecodeTile.block_m + 2 * stages * kTcDecodeTile.block_n) * (bucket + 8) * 2 + 8 * kDecodeMaxStages;
+  return (kTcDecodeTile.block_m + 2 * stages * kTcDecodeTile.block_n) * (bucket + 8) * 2;
 }
 inline int decode_stages(int bucket, int smem_per_sm) {
   for (int s = kDecodeMaxStages; s > 2; --s)

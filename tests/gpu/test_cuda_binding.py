@@ -144,6 +144,25 @@ def test_key_lengths(dtype, kl_dtype, sq):
     check(q, k, v, key_lengths=lengths, is_causal=2, seed=seed)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("sq,d", [(50, 128), (300, 64), (129, 96)])
+def test_key_lengths_ignore_nan_past_length(dtype, sq, d):
+    """A padded cache: K and V at positions >= key_lengths[b] hold NaN. Every kernel (the Hopper
+    one loads those rows through TMA, which zero-fills only past Sk) must keep them out: masked
+    scores, and zeroed V rows (P = 0 times NaN is NaN)."""
+    rng, seed = fresh_rng()
+    sk = 700
+    q, k, v = random_inputs(rng, dtype, 4, 4, 2, sq, sk, d, d)
+    lengths = np.array([333, 1, 700, 128], dtype=np.int64)
+    k_cache, v_cache = k.copy(), v.copy()
+    for i, n in enumerate(lengths):
+        k_cache[i, :, n:, :] = np.nan
+        v_cache[i, :, n:, :] = np.nan
+    out = run_binding(q, k_cache, v_cache, key_lengths=lengths)
+    assert np.all(np.isfinite(out.astype(np.float64))), f"NaN past key_lengths leaked (seed {seed})"
+    assert_within_2x_torch(out, q, k, v, None, lengths, what=f"NaN cache tail (seed {seed})")
+
+
 def test_key_lengths_clamped():
     """Values outside [0, Sk] are clamped on the device (they cannot be checked without a sync)."""
     rng, seed = fresh_rng()

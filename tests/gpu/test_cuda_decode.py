@@ -1,5 +1,6 @@
-"""The decode kernel (plugin/cuda/flash_decode.cuh: float16 / bfloat16, at most 16 query rows per
-(batch, kv head), D and Dv <= 128) through the binding, against the float64 reference with the 2x
+"""The decode kernels (plugin/cuda/flash_decode.cuh, and on sm_90 hopper/hopper_decode.cuh with TMA
+loads: float16 / bfloat16, at most 16 query rows per (batch, kv head), D and Dv <= 128) through the
+binding, against the float64 reference with the 2x
 rule: the parts of the contract that test_cuda_binding.py checks only on prefill shapes -- every
 mask kind and broadcast, softcap, misaligned rows (element loads), Dv != D -- plus causal with
 several query positions per head, splits that get no keys, and run-to-run determinism."""
@@ -91,23 +92,23 @@ def test_decode_deterministic(dtype):
         np.testing.assert_array_equal(run_binding(q, k, v).astype(np.float32), first.astype(np.float32))
 
 
-# On sm_90 decode can load K/V rows with cp.async.bulk (OPSFUSE_CUDA_DECODE_BULK=1; off by default,
-# measured slower than cp.async), and
-# a split grid runs the splits of one (batch, kv head) as a thread-block cluster that merges through
-# distributed shared memory (choose_plan: <= 8 splits, the whole grid resident at once;
-# OPSFUSE_CUDA_DECODE_NO_CLUSTER=1: the workspace + combine kernel path). B * Hkv = 64 -> 4 splits,
-# 32 -> 8 splits on an H100/H200 (132 SMs, 2 blocks each); elsewhere these run whatever plan the
-# device gets, against the same reference.
-CLUSTER_MODES = ["default", "no_cluster", "bulk"]
+# On sm_90 decode runs the TMA kernel (hopper/hopper_decode.cuh: splits merged by the combine
+# kernel); OPSFUSE_CUDA_HOPPER_DECODE=0 takes the portable cp.async kernel, whose split grid runs the
+# splits of one (batch, kv head) as a thread-block cluster that merges through distributed shared
+# memory (choose_plan: <= 8 splits, the whole grid resident at once; OPSFUSE_CUDA_DECODE_NO_CLUSTER=1:
+# the workspace + combine kernel path). B * Hkv = 64 -> 4 splits, 32 -> 8 splits on an H100/H200
+# (132 SMs, 2 blocks each); elsewhere these run whatever plan the device gets, against the same
+# reference.
+CLUSTER_MODES = ["default", "portable", "portable_no_cluster"]
 
 
 def _mode(monkeypatch, mode):
-    for name in ("OPSFUSE_CUDA_DECODE_NO_CLUSTER", "OPSFUSE_CUDA_DECODE_BULK"):
+    for name in ("OPSFUSE_CUDA_DECODE_NO_CLUSTER", "OPSFUSE_CUDA_HOPPER_DECODE"):
         monkeypatch.delenv(name, raising=False)
-    if mode == "no_cluster":
+    if mode.startswith("portable"):
+        monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_DECODE", "0")
+    if mode == "portable_no_cluster":
         monkeypatch.setenv("OPSFUSE_CUDA_DECODE_NO_CLUSTER", "1")
-    elif mode == "bulk":
-        monkeypatch.setenv("OPSFUSE_CUDA_DECODE_BULK", "1")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -171,7 +172,7 @@ def test_decode_split_merge_deterministic_and_equal(monkeypatch, dtype):
     first = run_binding(q, k, v).astype(np.float32)
     for _ in range(3):
         np.testing.assert_array_equal(run_binding(q, k, v).astype(np.float32), first)
-    for mode in ("no_cluster", "bulk"):
+    for mode in ("portable", "portable_no_cluster"):
         _mode(monkeypatch, mode)
         other = run_binding(q, k, v).astype(np.float32)
         np.testing.assert_allclose(first, other, rtol=1e-2, atol=1e-3, err_msg=f"{mode} (seed {seed})")
@@ -179,17 +180,14 @@ def test_decode_split_merge_deterministic_and_equal(monkeypatch, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("d,dv", [(60, 56), (124, 128), (120, 104)])
-@pytest.mark.parametrize("bulk", [False, True], ids=["cp_async", "bulk"])
-def test_decode_padded_rows(monkeypatch, dtype, d, dv, bulk):
-    """16-byte aligned rows (a 64 / 128 element row pitch) shorter than the pitch: D or Dv not a
-    multiple of 8 keeps cp.async (a bulk copy moves multiples of 16 bytes), (120, 104) with
-    OPSFUSE_CUDA_DECODE_BULK=1 takes the bulk copies with the columns past D / Dv zeroed; the last
-    tile partial (Sk % 64 != 0)."""
+@pytest.mark.parametrize("mode", ["default", "portable"])
+def test_decode_padded_rows(monkeypatch, dtype, d, dv, mode):
+    """16-byte aligned rows (a 64 / 128 element row pitch) shorter than the pitch: the cp.async
+    kernel zero-fills the columns past D / Dv, the TMA kernel gets them zero-filled as outside the
+    tensor map (its column extent is D / Dv, its row stride the pitch); the last tile partial
+    (Sk % 64 != 0)."""
     cuda = require_cuda_module()
-    if bulk:
-        monkeypatch.setenv("OPSFUSE_CUDA_DECODE_BULK", "1")
-    else:
-        monkeypatch.delenv("OPSFUSE_CUDA_DECODE_BULK", raising=False)
+    _mode(monkeypatch, mode)
     import torch
 
     rng, seed = fresh_rng()
@@ -207,3 +205,26 @@ def test_decode_padded_rows(monkeypatch, dtype, d, dv, bulk):
     y = cuda.fused_attention(tq, tk, tv, is_causal=2)
     torch.cuda.synchronize()
     assert_within_2x_torch(to_numpy(y, dtype), q, k, v, is_causal=2, what=f"padded rows (seed {seed})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("mode", ["default", "portable"])
+@pytest.mark.parametrize("hq,hkv,sq,d", [(32, 8, 1, 128), (8, 8, 1, 64), (16, 4, 2, 96)])
+def test_decode_ignores_cache_past_key_lengths(monkeypatch, dtype, mode, hq, hkv, sq, d):
+    """A padded KV cache: keys and values at positions >= key_lengths[b] hold NaN (never written).
+    The TMA kernel loads those rows (it zero-fills only past Sk); their scores are masked and their
+    V rows zeroed before P V (P = 0 times NaN would be NaN). Lengths end inside a 64-key tile, on a
+    tile edge, at 0 and at Sk."""
+    _mode(monkeypatch, mode)
+    rng, seed = fresh_rng()
+    b, sk = 5, 2000
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, d)
+    lengths = np.array([1000, 77, 0, sk, 128], dtype=np.int64)
+    k_cache, v_cache = k.copy(), v.copy()
+    for i, n in enumerate(lengths):
+        k_cache[i, :, n:, :] = np.nan
+        v_cache[i, :, n:, :] = np.nan
+    out = run_binding(q, k_cache, v_cache, key_lengths=lengths, is_causal=2 if sq > 1 else 0)
+    assert np.all(np.isfinite(out.astype(np.float64))), f"NaN past key_lengths leaked (seed {seed})"
+    assert_within_2x_torch(out, q, k, v, None, lengths, None, 2 if sq > 1 else 0, 0.0,
+                           what=f"NaN cache tail ({mode}, seed {seed})")

@@ -1,0 +1,11 @@
+// Instantiation: Hopper (sm_90) decode kernel, __nv_bfloat16, head-size bucket 128. One file per (dtype,
+// bucket) so that ninja compiles them in parallel.
+#include "hopper_decode.cuh"
+
+namespace opsfuse::cuda::detail {
+
+cudaError_t run_hopper_dec_bf16_d128(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  return launch_hopper_decode<__nv_bfloat16, 128>(a, plan, stream);
+}
+
+}  // namespace opsfuse::cuda::detail

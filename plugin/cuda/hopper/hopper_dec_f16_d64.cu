@@ -1,0 +1,11 @@
+// Instantiation: Hopper (sm_90) decode kernel, __half, head-size bucket 64. One file per (dtype,
+// bucket) so that ninja compiles them in parallel.
+#include "hopper_decode.cuh"
+
+namespace opsfuse::cuda::detail {
+
+cudaError_t run_hopper_dec_f16_d64(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
+  return launch_hopper_decode<__half, 64>(a, plan, stream);
+}
+
+}  // namespace opsfuse::cuda::detail
