@@ -6,7 +6,8 @@
 // Why a second decode kernel: the portable one loads every tile with 16 cp.async per thread and
 // synchronizes the block per tile; profiled on the H200 (ncu, B=8 Hq=32 Hkv=8 Sk=8192) it issued
 // ~1300 instructions per warp per 64-key tile and streamed K/V at 67 % of DRAM bandwidth. Here:
-//  - one producer warp (warp 4; one thread) loads each tile's K and V with TMA (one
+//  - a producer warpgroup (warps 4-7, registers given away with setmaxnreg; one thread works) loads
+//    each tile's K and V with TMA (one
 //    cp.async.bulk.tensor per 64-column region: 2 per tensor at D = 128) into a kStages-deep ring
 //    of 128-byte-swizzled stages, each with a "full" mbarrier (transaction bytes) and an "empty"
 //    mbarrier the 4 compute warps release -- no per-tile block barrier, no per-thread copies;
@@ -33,8 +34,16 @@ namespace hopper_dec {
 using dec::kBM;
 using dec::kBN;
 using dec::kWarps;
-constexpr int kThreads = (kWarps + 1) * 32;  // 4 compute warps + 1 producer warp
+// The 4 compute warps (warpgroup 0) and a producer warpgroup: a whole warpgroup so that it can hand
+// its registers to the compute warps (setmaxnreg works per warpgroup). Two blocks per SM put 4
+// warps on each SM sub-partition, whose 16384 registers then allow 24 + 232 per thread pair; a
+// 5-warp block (one producer warp) was capped by ptxas at 168 registers per thread and spilled, or
+// without the cap (179 registers) fit only one block per SM (measured: 1.4-3.9 TB/s).
+constexpr int kThreads = 2 * dec::kThreads;
 constexpr int kProducerWarp = kWarps;
+constexpr int kComputeRegs = 232;
+constexpr int kProducerRegs = 24;
+static_assert(2 * (kComputeRegs + kProducerRegs) * 128 <= 65536, "two blocks per SM fit the register file");
 
 template <int kD>
 struct Config {
@@ -52,11 +61,9 @@ struct Config {
 __device__ __forceinline__ void compute_warps_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(dec::kThreads) : "memory"); }
 
 // grid (batch * heads_kv, 1, num_splits), kThreads threads, Config<kD>::kSmem dynamic bytes.
-// Two blocks per SM need <= 200 registers per thread (10 warps); __launch_bounds__(kThreads, 2)
-// caps them at 168 (ptxas rounds the block up to 6 warps) and spills, so the minimum is 1: ptxas
-// (nvcc 13.0) gives 179 registers at D = 128 and 120 at D = 64, no spills, two blocks per SM.
+// 128 registers per thread at launch (two blocks per SM), rebalanced by setmaxnreg.
 template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     hopper_decode_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v) {
   using Cfg = Config<kD>;
@@ -91,8 +98,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (warp == kProducerWarp) {
-    if (lane == 0) {
+  if (warp >= kProducerWarp) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
+    if (tid == kProducerWarp * 32) {
       for (int t = t_begin, i = 0; t < t_end; ++t, ++i) {
         const int s = i % kStages;
         hopper::mbar_wait(empty(s), ((i / kStages) & 1) ^ 1);  // a stage's first use passes at once
@@ -110,6 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- compute warps ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kComputeRegs) : "memory");
   // Q while the first tiles are in flight.
   dec::load_q<kD>(sQ, a, b, hk, n_rows, tid, dec::kThreads);
   const dec::TileContext ctx = dec::make_tile_context(a, b, hk, n_rows, lane, len);
