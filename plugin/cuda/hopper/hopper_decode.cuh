@@ -21,6 +21,7 @@
 // Splits write the workspace partials that the launcher's combine kernel merges (no cluster merge).
 #pragma once
 
+#include <cstdlib>
 #include <type_traits>
 
 #include <cuda.h>  // CUtensorMap (types only: nothing links libcuda)
@@ -65,7 +66,7 @@ __device__ __forceinline__ void compute_warps_sync() { asm volatile("bar.sync 1,
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 2)
     hopper_decode_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_k,
-                         const __grid_constant__ CUtensorMap tm_v) {
+                         const __grid_constant__ CUtensorMap tm_v, const int evict_first) {
   using Cfg = Config<kD>;
   constexpr int kStages = Cfg::kStages;
 
@@ -101,17 +102,28 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (warp >= kProducerWarp) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     if (tid == kProducerWarp * 32) {
+      const uint64_t policy = hopper::l2_evict_first_policy();
       for (int t = t_begin, i = 0; t < t_end; ++t, ++i) {
         const int s = i % kStages;
         hopper::mbar_wait(empty(s), ((i / kStages) & 1) ^ 1);  // a stage's first use passes at once
         hopper::mbar_expect_tx(full(s), Cfg::kStageBytes);
         const uint32_t sk = hopper::smem_u32(ring + s * Cfg::kStageBytes);
+        if (evict_first) {  // K and V are read once: let them leave L2 first
 #pragma unroll
-        for (int c = 0; c < Cfg::kRegions; ++c)
-          hopper::tma_load_4d(sk + c * kBN * 128, &tm_k, full(s), c * 64, t * kBN, hk, b);
+          for (int c = 0; c < Cfg::kRegions; ++c)
+            hopper::tma_load_4d_hint(sk + c * kBN * 128, &tm_k, full(s), c * 64, t * kBN, hk, b, policy);
 #pragma unroll
-        for (int c = 0; c < Cfg::kRegions; ++c)
-          hopper::tma_load_4d(sk + Cfg::kTileBytes + c * kBN * 128, &tm_v, full(s), c * 64, t * kBN, hk, b);
+          for (int c = 0; c < Cfg::kRegions; ++c)
+            hopper::tma_load_4d_hint(sk + Cfg::kTileBytes + c * kBN * 128, &tm_v, full(s), c * 64, t * kBN, hk, b,
+                                     policy);
+        } else {
+#pragma unroll
+          for (int c = 0; c < Cfg::kRegions; ++c)
+            hopper::tma_load_4d(sk + c * kBN * 128, &tm_k, full(s), c * 64, t * kBN, hk, b);
+#pragma unroll
+          for (int c = 0; c < Cfg::kRegions; ++c)
+            hopper::tma_load_4d(sk + Cfg::kTileBytes + c * kBN * 128, &tm_v, full(s), c * 64, t * kBN, hk, b);
+        }
       }
     }
     return;
@@ -155,9 +167,15 @@ cudaError_t launch_hopper_decode(const KernelArgs& a, const Plan& plan, cudaStre
   using Cfg = hopper_dec::Config<kD>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if (a.rows > dec::kBM || plan.num_splits < 1) return cudaErrorInvalidValue;
+  // A/B switches (benchmarks): OPSFUSE_CUDA_DECODE_L2_PROMOTION=0/1/2 (none / 128 / 256 bytes),
+  // OPSFUSE_CUDA_DECODE_EVICT_FIRST=0/1.
+  const char* promo_env = std::getenv("OPSFUSE_CUDA_DECODE_L2_PROMOTION");
+  const int promo = promo_env != nullptr ? std::atoi(promo_env) : 2;
+  const char* ef_env = std::getenv("OPSFUSE_CUDA_DECODE_EVICT_FIRST");
+  const int evict_first = ef_env != nullptr && ef_env[0] == '1' ? 1 : 0;
   CUtensorMap tk, tv;
-  if (!hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, dec::kBN) ||
-      !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, dec::kBN))
+  if (!hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, dec::kBN, promo) ||
+      !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, dec::kBN, promo))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   static int smem_done[64] = {};
   static int carveout_done[64] = {};
@@ -167,7 +185,7 @@ cudaError_t launch_hopper_decode(const KernelArgs& a, const Plan& plan, cudaStre
   err = ensure_max_shared_carveout(kernel, carveout_done);  // two ~100 KB blocks per SM
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(a.batch) * a.heads_kv, 1, static_cast<unsigned>(plan.num_splits));
-  kernel<<<grid, hopper_dec::kThreads, Cfg::kSmem, stream>>>(a, tk, tv);
+  kernel<<<grid, hopper_dec::kThreads, Cfg::kSmem, stream>>>(a, tk, tv, evict_first);
   return cudaGetLastError();
 }
 

@@ -28,7 +28,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }  // namespace
 
 bool hopper_encode_map(CUtensorMap* map, const void* base, bool bf16, int64_t cols, int64_t rows, int64_t heads,
-                       int64_t batch, const int64_t strides[3], int box_rows) {
+                       int64_t batch, const int64_t strides[3], int box_rows, int l2_promotion) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
   if (fn == nullptr) return false;
   // Dimensions innermost first: (columns, rows, heads, batch); strides in bytes of dims 1..3.
@@ -48,7 +48,10 @@ bool hopper_encode_map(CUtensorMap* map, const void* base, bool bf16, int64_t co
   const cuuint32_t estr[4] = {1, 1, 1, 1};
   const CUresult r = fn(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
                         const_cast<void*>(base), dims, gstrides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_SWIZZLE_128B,
+                        l2_promotion == 0   ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                        : l2_promotion == 1 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                            : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }

@@ -46,6 +46,21 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// The same with an L2 cache policy (createpolicy), e.g. evict-first for data read once.
+__device__ __forceinline__ void tma_load_4d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                                 int c2, int c3, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, "
+      "{%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
 // Makes mbarrier inits visible to the async proxy (TMA) and the other threads before first use.
 __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -59,8 +74,9 @@ __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
 
 // Host side (hopper_host.cu): encodes a 4-D (columns, rows, heads, batch) 16-bit tensor map with
 // 128-byte swizzle and a (64, box_rows, 1, 1) box. strides: elements, KernelArgs order (batch,
-// head, row). Returns false when the driver refuses the layout.
+// head, row). l2_promotion: the size of the L2 fetch a miss asks DRAM for (0: none, 1: 128 bytes,
+// 2: 256 bytes). Returns false when the driver refuses the layout.
 bool hopper_encode_map(CUtensorMap* map, const void* base, bool bf16, int64_t cols, int64_t rows, int64_t heads,
-                       int64_t batch, const int64_t strides[3], int box_rows);
+                       int64_t batch, const int64_t strides[3], int box_rows, int l2_promotion = 2);
 
 }  // namespace opsfuse::cuda::detail
