@@ -27,6 +27,15 @@
 //    (TMA out-of-bounds fill) and are masked to -inf; query rows >= Sq are zero-filled by TMA and
 //    never stored. Fully masked rows keep max -inf, their exponent base is 0 so P = 0, l = 0 and
 //    the epilogue writes 0 (never NaN), as in flash_tc.cuh.
+//  - Padding masks (a bool / additive mask the same for every query row, mask_stride[2] == 0, as
+//    the BERT rewrite feeds (B,1,1,S)): reading the mask per score cost ~27% over no mask at
+//    B=8 H=12 S=512 D=64 even when it was all True, yet nearly every key tile of such a mask is
+//    all visible, all masked, or visible up to the sequence's end. So each key tile is classified
+//    once per item (tile_class_vote: every consumer warp reads the tile's mask bytes, 2 loads per
+//    lane, one tile ahead, and votes) and scored as the unmasked kernel would (kScoreFast /
+//    kScoreLimits, the prefix end as one more key limit), or not at all (kScoreNone: P = 0, no
+//    S product); only other tiles take the per-score mask path. The producer still loads every
+//    tile (skipping all-masked tiles would need it to agree on the tile list: not done).
 //
 // Why raw PTX (inline asm) and not CUTLASS/CuTe: the kernel needs ~10 instructions (wgmma
 // fence/commit/wait/mma_async, cp.async.bulk.tensor, mbarrier init/arrive/expect_tx/try_wait,
@@ -172,6 +181,49 @@ __device__ __forceinline__ void mask_row_loads(uint32_t (&v)[sizeof...(I)], cons
   (mask_pair_load<kBytes, I * 8>(v[I], base, rem), ...);
 }
 
+// Key-tile classes of a mask that is the same for every query row (mask_stride[2] == 0: padding
+// masks). Over the tile's keys below the batch's key length `len` (keys >= len are invisible to
+// every row anyway), a tile whose visible keys are exactly its first p (bool: byte != 0, additive:
+// +0 / -0 -- bits, so x + mask == x; the others bool 0 / additive -inf) has class p, 0 <= p <= kBN:
+// 0 = all masked, kBN = all visible, else a visible prefix (a padding mask's tile that holds the
+// sequence's end). Anything else (a visible key after a masked one, an additive value other than
+// +-0 / -inf) is kTileMixed. Each lane reads the tile's keys 4 lane .. 4 lane + 3 as two pairs
+// (aligned like the pair loads); every consumer warp reads the same bytes and reaches the same
+// class, so branches on it are uniform across the warpgroups (wgmma needs that).
+constexpr int kTileMixed = -1;
+
+template <int kBytes>
+__device__ __forceinline__ void tile_class_load(uint32_t (&w)[2], const char* row, int n0, int len, int lane) {
+  const int k = n0 + 4 * lane;
+  const char* base = row + static_cast<int64_t>(k) * kBytes;
+  mask_pair_load<kBytes, 0>(w[0], base, len - k);
+  mask_pair_load<kBytes, 2>(w[1], base, len - k);
+}
+
+template <typename T, int kBytes>
+__device__ __forceinline__ int tile_class_vote(const uint32_t (&w)[2], int n0, int len, int lane) {
+  const int rem = len - (n0 + 4 * lane);  // this lane's keys below len
+  uint32_t vis = 0;                        // bit e: key 4 lane + e visible
+  bool known = true;                       // every key read is visible or masked
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (e >= rem) continue;
+    if constexpr (kBytes == 1) {
+      vis |= (((w[e >> 1] >> (8 * (e & 1))) & 0xffu) != 0 ? 1u : 0u) << e;
+    } else {
+      constexpr uint32_t kNegInf = std::is_same_v<T, __half> ? 0xfc00u : 0xff80u;
+      const uint32_t bits = (w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
+      const bool zero = (bits & 0x7fffu) == 0;
+      vis |= (zero ? 1u : 0u) << e;
+      known = known && (zero || bits == kNegInf);
+    }
+  }
+  const int p = static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(__popc(vis))));
+  const int mine = min(max(p - 4 * lane, 0), 4);  // a prefix of p keys gives this lane its first `mine`
+  const bool prefix = known && vis == (1u << mine) - 1u;
+  return __all_sync(0xffffffffu, prefix) ? p : kTileMixed;
+}
+
 // --- the kernel -----------------------------------------------------------------------------------
 // Accumulator layout of wgmma m64nN (per warpgroup thread t, warp w = t / 32, lane l): register
 // d[i * 4 + h * 2 + e] holds row 16 w + l / 4 + 8 h, column 8 i + 2 (l % 4) + e. The A-from-registers
@@ -185,14 +237,27 @@ __device__ __forceinline__ void mask_row_loads(uint32_t (&v)[sizeof...(I)], cons
 //             (mask_stride[3] == 1, even element offsets: one 32-bit load per T pair, one 16-bit
 //             load per bool pair), per thread from two row pointers computed once; a tile's loads
 //             are issued before its S wgmma is waited for, so their latency hides behind the matrix
-//             products. The values added are full_score()'s, bit for bit.
+//             products. The values added are full_score()'s, bit for bit. A mask that is the same
+//             for every query row (mask_stride[2] == 0, padding masks) is first classified per key
+//             tile (tile_class_vote): uniform and visible-prefix tiles skip the pair loads and the
+//             per-score mask work (kScoreFast / kScoreLimits / kScoreNone below); only kTileMixed
+//             tiles take the pair path.
 enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3 };
+// How one key tile is scored (a compile-time variant of the loop body, so that each is one basic
+// block): kScoreFast no per-score work (raw q.k, the scale folded into the exponent; positive
+// scale, no key limit inside the tile, every key visible); kScoreLimits scale and per-key limits
+// (causal, key_lengths, Sk, and a padding mask's visible prefix); kScoreMask the mode's mask /
+// softcap work (pair path or full_score()); kScoreNone every key masked: P = 0, the running
+// max / sum unchanged (what -inf scores would give, without computing them).
+enum Scoring : int { kScoreFast = 0, kScoreLimits = 1, kScoreMask = 2, kScoreNone = 3 };
+template <int V>
+using ScoringV = std::integral_constant<int, V>;
 
 template <typename T, int kD, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                      const int pingpong, const int n_work, const int splits) {
+                      const int pingpong, const int n_work, const int splits, const int mask_classes) {
   using Cfg = Config<kD>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
@@ -372,10 +437,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBN / 16; ++kk) mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
     };
     // Scores of tile `it` in the log2 domain, online softmax; s becomes exp2(s - max).
-    // Tile `it` takes the boundary path (per-key limits: causal, key_lengths, Sk) when it crosses the
+    // Tile `it` takes the limits path (per-key limits: causal, key_lengths, Sk) when it crosses the
     // block's all-visible bound; a non-positive scale takes it too (the fast path folds the scale
     // into the exponent, which needs it positive). The caller picks the variant at compile time
-    // (`boundary` is std::true_type / std::false_type) so that each variant of the loop body is one
+    // (`variant` is a ScoringV, see with_scoring) so that each variant of the loop body is one
     // basic block, in which ptxas can overlap the exponentials with the pending P V product.
     // Pair masks: this thread's two mask rows (byte pointers; rows out of range have key_limit 0
     // and are never read), and the raw pairs of one tile, element e of a pair in bits [16e, 16e+16)
@@ -383,18 +448,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // when only the first one is; a row shared by both rows (mask_stride[2] == 0, padding masks) is
     // read once.
     constexpr int kMaskBytes = kMode == kMaskBool ? 1 : 2;
-    const char* mrow[2] = {nullptr, nullptr};
-    if constexpr (kPairMask) {
-      mrow[0] = static_cast<const char*>(a.mask) + row_info(0).mask_off * kMaskBytes;
-      mrow[1] = static_cast<const char*>(a.mask) + row_info(1).mask_off * kMaskBytes;
-    }
+    // Row 1 (rbase + 8) is at mrow0 + 8 rows whenever it is valid (then row 0 is too), so only
+    // row 0's pointer stays in a register (the strides are kernel parameters).
+    const char* mrow0 = nullptr;
+    if constexpr (kPairMask) mrow0 = static_cast<const char*>(a.mask) + row_info(0).mask_off * kMaskBytes;
     const bool mask_rows_shared = a.mask_stride[2] == 0;
     uint32_t mraw[2][kBN / 8];
     auto load_mask = [&](int it) {
       if constexpr (kPairMask) {
         const int j0 = it * kBN + 2 * (lane % 4);
         auto load_row = [&](int hh, int lim) {
-          const char* base = mrow[hh] + static_cast<int64_t>(j0) * kMaskBytes;
+          const char* base = mrow0 + (hh * 8 * a.mask_stride[2] + j0) * kMaskBytes;
           const int rem = lim - j0;  // column j0 + i * 8 (+ 1) is read when i * 8 (+ 1) < rem
           mask_row_loads<kMaskBytes>(mraw[hh], base, rem, std::make_integer_sequence<int, kBN / 8>{});
         };
@@ -409,11 +473,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
-    auto softmax = [&](int it, auto boundary) {
-      constexpr bool kBoundary = decltype(boundary)::value;
+    // `plim`: kScoreLimits of a pair-mask mode, the mask's visible prefix ends there (absolute key).
+    auto softmax = [&](int it, auto variant, int plim) {
+      constexpr int kV = decltype(variant)::value;
       const int n0 = it * kBN;
       const int c0 = 2 * (lane % 4);
-      if constexpr (kPairMask) {
+      if constexpr (kV == kScoreNone) {
+        // Every key of the tile masked: exp2(-inf - max) = 0 and the running max / sum stay.
+#pragma unroll
+        for (int i = 0; i < 64; ++i) s[i] = 0.0f;
+        alpha[0] = alpha[1] = 1.0f;
+        return;
+      }
+      if constexpr (kV == kScoreMask && kPairMask) {
         // full_score()'s arithmetic: (qk * scale [+ mask]) * log2 e, or -inf.
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i)
@@ -432,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             s[i * 4 + e] = vis ? x * kLog2e : -INFINITY;
           }
-      } else if constexpr (elementwise) {
+      } else if constexpr (kV == kScoreMask && elementwise) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const RowInfo ri = row_info(hh);
@@ -442,18 +514,20 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int e = 2 * hh; e < 2 * hh + 2; ++e)
               s[i * 4 + e] = full_score<T>(a, s[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
         }
-      } else if constexpr (kBoundary) {
+      } else if constexpr (kV == kScoreLimits) {
+        int lim[2] = {key_limit[0], key_limit[1]};
+        if constexpr (kPairMask) lim[0] = min(lim[0], plim), lim[1] = min(lim[1], plim);
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int j = n0 + i * 8 + c0 + (e & 1);
-            s[i * 4 + e] = j < key_limit[e >> 1] ? s[i * 4 + e] * a.scale_log2 : -INFINITY;
+            s[i * 4 + e] = j < lim[e >> 1] ? s[i * 4 + e] * a.scale_log2 : -INFINITY;
           }
       }
       // Fast tiles (positive scale) keep the raw q.k: the row max is taken on them (scaling is
       // monotone) and the scale is folded into the exponent's FFMA.
-      const float c = (kMode == kPlain && !kBoundary) ? a.scale_log2 : 1.0f;
+      const float c = kV == kScoreFast ? a.scale_log2 : 1.0f;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float tmax = -INFINITY;
@@ -494,7 +568,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int from = len - tile * kBN;
       if (a.key_lengths == nullptr || from <= 0 || from >= kBN) return;
       const uint32_t vb = sV + stage * Cfg::kKVBytes;
-      for (int idx = t + 128 * cw; idx < (kBN - from) * kRegions * 8; idx += 256) {
+      // Pair masks: t + 128 cw (= tid - 128) read again here (volatile: not hoisted) rather than
+      // kept in registers through the key loop for this rare path (their D=128 variants spilled).
+      int idx0 = t + 128 * cw;
+      if constexpr (kPairMask) {
+        uint32_t tx;
+        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
+        idx0 = static_cast<int>(tx) - 128;
+      }
+      for (int idx = idx0; idx < (kBN - from) * kRegions * 8; idx += 256) {
         const int chunk = idx % 8, rr = from + (idx / 8) % (kBN - from), reg = idx / (8 * (kBN - from));
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(vb + reg * kBN * 128 + rr * 128 + chunk * 16),
                      "r"(0u)
@@ -537,7 +619,43 @@ __global__ void __launch_bounds__(kThreads, 1)
     // phase parity.
     auto stage_of = [&](int it) { return (ring0 + it) % kStages; };
     auto parity_of = [&](int it) { return static_cast<uint32_t>(((ring0 + it) / kStages) & 1); };
-    if (n_tiles > 0) load_mask(t_begin);
+    // Tile classes (padding-style masks, kPairMask with mask_stride[2] == 0; else kTileMixed): the
+    // class of tile it + 1 is read while tile it is processed (loads at the start of step(it), the
+    // vote once S(it) is waited for), so that step(it + 1) knows before it issues anything whether
+    // it needs the pair loads or its S product at all; the first two tiles' class loads go out
+    // with the first tile's pair loads, before Q is waited for, and are voted on after S(t_begin).
+    const bool classify = kPairMask && mask_rows_shared && mask_classes != 0;
+    uint32_t craw[2][2];
+    auto class_load = [&](int it, int slot) {
+      if constexpr (kPairMask) {
+        if (classify) tile_class_load<kMaskBytes>(craw[slot], mrow0, it * kBN, len, lane);
+      }
+    };
+    auto class_vote = [&](int it, int slot) {
+      if constexpr (kPairMask) {
+        if (classify) return tile_class_vote<T, kMaskBytes>(craw[slot], it * kBN, len, lane);
+      }
+      return kTileMixed;
+    };
+    // Calls f(ScoringV<V>{}) with tile it's scoring variant (cls: its class).
+    auto with_scoring = [&](int it, int cls, auto&& f) {
+      if constexpr (kMode == kPlain) {
+        if (is_boundary(it)) f(ScoringV<kScoreLimits>{});
+        else f(ScoringV<kScoreFast>{});
+      } else if constexpr (kMode == kGeneral) {
+        f(ScoringV<kScoreMask>{});
+      } else {
+        if (cls == kTileMixed) f(ScoringV<kScoreMask>{});
+        else if (cls == 0) f(ScoringV<kScoreNone>{});
+        else if (cls == kBN && !is_boundary(it)) f(ScoringV<kScoreFast>{});
+        else f(ScoringV<kScoreLimits>{});
+      }
+    };
+    if (n_tiles > 0) {
+      load_mask(t_begin);  // before the class is known: the latency hides behind the Q wait
+      class_load(t_begin, 0);
+      if (n_tiles > 1) class_load(t_begin + 1, 1);
+    }
     mbar_wait(bar_q, round & 1);
     __syncwarp();
     // Q is released (for the block's next item) after the item's last S = Q K^T.
@@ -556,16 +674,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(s);
       if (lane == 0) mbar_arrive(bar_kempty(st0));
       if (n_tiles == 1 && lane == 0) mbar_arrive(bar_qempty);
-      if (kMode == kPlain && is_boundary(t_begin)) softmax(t_begin, std::true_type{});
-      else softmax(t_begin, std::false_type{});
+      const int cls0 = class_vote(t_begin, 0);
+      int cls_next = n_tiles > 1 ? class_vote(t_begin + 1, 1) : kTileMixed;  // tile it + 1's class
+      with_scoring(t_begin, cls0, [&](auto variant) { softmax(t_begin, variant, t_begin * kBN + cls0); });
       pack_into(p);
       // Tiles t_begin + 1 .. t_end - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
       // S(it) only, then scores it while P(it-1) V(it-1) runs (ptxas places the wait for that
       // product part-way through the exponentials), and the other warpgroup's batch (pingpong)
       // keeps the tensor cores busy too.
-      auto step = [&](int it, auto boundary) {
+      // A tile whose keys are all masked (kScoreNone) skips its S = Q K^T (an empty wgmma group
+      // keeps the group count); its K/V stages are still waited for and released.
+      auto step = [&](int it, int cls, auto variant) {
+        constexpr int kV = decltype(variant)::value;
         const int st = stage_of(it), prev = stage_of(it - 1);
-        load_mask(it);  // independent of S(it): in flight while the wgmmas run
+        if constexpr (kV == kScoreMask) load_mask(it);  // independent of S(it): in flight while the wgmmas run
+        if (it + 1 < t_end) class_load(it + 1, 0);
         rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added
         mbar_wait(bar_kfull(st), parity_of(it));
         mbar_wait(bar_vfull(prev), parity_of(it - 1));
@@ -573,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         zero_v_tail(prev, it - 1);
         turn_wait();
         wgmma_fence();
-        issue_qk(st);
+        if constexpr (kV != kScoreNone) issue_qk(st);
         wgmma_commit();
         issue_pv(prev, p);
         wgmma_commit();
@@ -582,19 +705,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         reg_fence(s);
         if (lane == 0) mbar_arrive(bar_kempty(st));
         if (it == t_end - 1 && lane == 0) mbar_arrive(bar_qempty);
+        // The next tile's class, before the scoring needs the registers (its loads went out at the
+        // start of this step, ahead of the barrier waits and the S product).
+        if (it + 1 < t_end) cls_next = class_vote(it + 1, 0);
         // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
         // leaves (P(it-1) live), so that variant waits for the product first.
-        if constexpr (!kElementwise) softmax(it, boundary);
+        if constexpr (!kElementwise) softmax(it, variant, it * kBN + cls);
         wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the P registers are free again
         reg_fence(o);
         reg_fence(p);
         if (lane == 0) mbar_arrive(bar_vempty(prev));
-        if constexpr (kElementwise) softmax(it, boundary);
+        if constexpr (kElementwise) softmax(it, variant, it * kBN + cls);
         pack_into(p);
       };
       for (int it = t_begin + 1; it < t_end; ++it) {
-        if (kMode == kPlain && is_boundary(it)) step(it, std::true_type{});
-        else step(it, std::false_type{});
+        const int cls = cls_next;
+        with_scoring(it, cls, [&](auto variant) { step(it, cls, variant); });
       }
       const int last = stage_of(t_end - 1);
       rescale_o();
@@ -729,10 +855,14 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // OPSFUSE_CUDA_HOPPER_PINGPONG=0 turns the inter-warpgroup schedule off (to measure it).
   const char* pp_env = std::getenv("OPSFUSE_CUDA_HOPPER_PINGPONG");
   const int pingpong = pp_env != nullptr && pp_env[0] == '0' ? 0 : 1;
+  // OPSFUSE_CUDA_HOPPER_MASK_CLASSES=0 turns the padding-mask tile classes off (every tile of a
+  // pair mask through the pair loads, as before them: to measure them).
+  const char* mc_env = std::getenv("OPSFUSE_CUDA_HOPPER_MASK_CLASSES");
+  const int mask_classes = mc_env != nullptr && mc_env[0] == '0' ? 0 : 1;
   const int splits = plan.cluster;  // key splits per row tile (choose_plan), never with persistent
   if (splits <= 1) {
-    kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(a, tq, tk, tv, pingpong,
-                                                                                 static_cast<int>(blocks), 1);
+    kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
+        a, tq, tk, tv, pingpong, static_cast<int>(blocks), 1, mask_classes);
     return cudaGetLastError();
   }
   if (plan.persistent > 0 || splits > 8) return cudaErrorInvalidValue;
@@ -748,7 +878,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, pingpong, static_cast<int>(blocks), splits);
+  err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, pingpong, static_cast<int>(blocks), splits, mask_classes);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
