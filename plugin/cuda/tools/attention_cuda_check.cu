@@ -52,7 +52,8 @@ struct Case {
   int causal;
   float softcap;
   MaskKind mask;
-  int mask_rank;  // 2: (Sq, Sk); 4: (B, 1, Sq, Sk); 1: (B, 1, 1, Sk) (a padding mask)
+  int mask_rank;  // 2: (Sq, Sk); 4: (B, 1, Sq, Sk); 1: (B, 1, 1, Sk) (random elements);
+                  // 3: (B, 1, 1, Sk) as padding masks are (pad_length(): visible prefix, masked tail)
   int key_lengths;  // 0 none, 32 or 64 bits
   int persist = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_PERSISTENT=1 (a persistent grid also where
                     // choose_plan keeps one block per tile: key_lengths)
@@ -60,6 +61,16 @@ struct Case {
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+// mask_rank 3: batch b's visible prefix, by b % 6, so that one launch has key tiles (128 keys) of
+// every class of the Hopper kernel's padding-mask classification: all visible (Sk), all masked
+// (0: every row of that batch is fully masked -> zeros), a visible prefix ending inside a tile
+// (odd: a column pair split), ending at a tile edge (128), a single key (1); -1: random elements
+// (a mixed tile: the pair loads).
+int pad_length(int b, int Sk) {
+  const int kinds[6] = {Sk, 0, (Sk * 3 / 5) | 1, std::min(128, Sk), 1, -1};
+  return kinds[b % 6];
+}
 
 
 // Rounds through the element type and writes its bytes.
@@ -103,7 +114,7 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream, int repeats
   if (c.mask != MaskKind::kNone) {
     if (c.mask_rank == 2) {
       ms[2] = c.Sk, ms[3] = 1, nm = size_t(c.Sq) * c.Sk;
-    } else if (c.mask_rank == 1) {
+    } else if (c.mask_rank == 1 || c.mask_rank == 3) {
       ms[0] = c.Sk, ms[3] = 1, nm = size_t(c.B) * c.Sk;
     } else {
       ms[0] = int64_t(c.Sq) * c.Sk, ms[2] = c.Sk, ms[3] = 1, nm = size_t(c.B) * c.Sq * c.Sk;
@@ -114,7 +125,15 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream, int repeats
   std::vector<char> mvis(nm, 1);
   std::uniform_real_distribution<double> ud(0.0, 1.0);
   for (size_t i = 0; i < nm; ++i) {
-    if (c.mask == MaskKind::kBool) {
+    const int plen = c.mask_rank == 3 ? pad_length(int(i / c.Sk), c.Sk) : -1;
+    if (plen >= 0) {
+      // Padding: bool True / additive +0 or -0 (alternating: both are "no change") on the prefix,
+      // False / -inf after it.
+      const bool vis = int(i % c.Sk) < plen;
+      mvis[i] = vis;
+      if (c.mask == MaskKind::kBool) hm[i] = vis;
+      else madd[i] = store_elem(c.dtype, hm.data(), i, vis ? (i % 2 ? -0.0 : 0.0) : -INFINITY);
+    } else if (c.mask == MaskKind::kBool) {
       // Row 0 of every mask fully False: exercises the fully-masked-row -> 0 rule.
       const bool row0 = (i % (size_t(c.Sq) * c.Sk)) < size_t(c.Sk);
       mvis[i] = row0 ? 0 : (ud(rng) < 0.8);
@@ -285,18 +304,22 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
 }
 
 // --bench: kernel time (CUDA events, constant inputs) of the prefill grid (bf16, D = 128), the seed
-// shapes (f16, D = 64) and BERT-base attention with HF's expanded (B,1,S,S) additive mask, each
+// shapes (f16, D = 64) and BERT-base attention with HF's expanded (B,1,S,S) additive mask or the
+// rewrite's (B,1,1,S) bool mask (all True, or padded as python -m opsfuse.bench.bert pads), each
 // with the Hopper kernel as chosen ("hopper"), its alternative ("alt": persistent grid off for
 // launches without a mask, or the Hopper kernel forced on small grids; masks through the general
 // scoring), without the inter-warpgroup pingpong, and off.
 int run_bench(cudaStream_t stream) {
-  struct B { DType dt; int b, h, s, d, causal, mask; };  // mask: 0 none, 1 additive (B,1,S,S), 2 bool (B,1,1,S)
+  // mask: 0 none, 1 additive (B,1,S,S), 2 bool (B,1,1,S) all True, 3 bool (B,1,1,S) padded: row i
+  // keeps S - round(i * 0.4 * S / (B - 1)) keys (bench.bert's 'padded' feeds)
+  struct B { DType dt; int b, h, s, d, causal, mask; };
   const DType BF = DType::kBFloat16, H = DType::kFloat16;
   const B grid[] = {{BF, 8, 16, 1024, 128, 0, 0}, {BF, 8, 16, 4096, 128, 0, 0}, {BF, 2, 16, 16384, 128, 0, 0},
                     {BF, 8, 16, 1024, 128, 1, 0}, {BF, 8, 16, 4096, 128, 1, 0}, {BF, 2, 16, 16384, 128, 1, 0},
                     {H, 1, 12, 512, 64, 0, 0},    {H, 1, 12, 1024, 64, 0, 0},   {H, 1, 12, 2048, 64, 0, 0},
                     {H, 8, 12, 128, 64, 0, 1},
-                    {H, 8, 12, 512, 64, 0, 1},    {H, 8, 12, 512, 64, 0, 0},    {H, 8, 12, 512, 64, 0, 2}};
+                    {H, 8, 12, 512, 64, 0, 1},    {H, 8, 12, 512, 64, 0, 0},    {H, 8, 12, 512, 64, 0, 2},
+                    {H, 8, 12, 128, 64, 0, 0},    {H, 8, 12, 128, 64, 0, 3},    {H, 8, 12, 512, 64, 0, 3}};
   for (const B& g : grid) {
     const int D = g.d;
     const size_t n = size_t(g.b) * g.h * g.s * D;
@@ -319,9 +342,14 @@ int run_bench(cudaStream_t stream) {
       CHECK_CUDA(cudaMemset(m, 0, size_t(g.b) * g.s * g.s * 2));
       p.mask_kind = MaskKind::kAdditive;
       p.mask_stride[0] = int64_t(g.s) * g.s, p.mask_stride[1] = 0, p.mask_stride[2] = g.s, p.mask_stride[3] = 1;
-    } else if (g.mask == 2) {
+    } else if (g.mask == 2 || g.mask == 3) {
       CHECK_CUDA(cudaMalloc(&m, size_t(g.b) * g.s));
-      CHECK_CUDA(cudaMemset(m, 1, size_t(g.b) * g.s));
+      std::vector<uint8_t> hm(size_t(g.b) * g.s, 1);
+      for (int r = 0; g.mask == 3 && r < g.b && g.b > 1; ++r) {
+        const int keep = std::max(1, g.s - int(std::nearbyint(r * 0.4 * g.s / (g.b - 1))));
+        std::fill(hm.begin() + size_t(r) * g.s + keep, hm.begin() + size_t(r + 1) * g.s, uint8_t(0));
+      }
+      CHECK_CUDA(cudaMemcpy(m, hm.data(), hm.size(), cudaMemcpyHostToDevice));
       p.mask_kind = MaskKind::kBool;
       p.mask_stride[0] = g.s, p.mask_stride[1] = 0, p.mask_stride[2] = 0, p.mask_stride[3] = 1;
     }
@@ -330,7 +358,8 @@ int run_bench(cudaStream_t stream) {
     p.is_causal = g.causal;
     const double flops = 4.0 * g.b * g.h * double(g.s) * g.s * D * (g.causal ? 0.5 : 1.0);
     std::printf("bench %s D=%d B=%d H=%d S=%d causal=%d mask=%s:", g.dt == BF ? "bf16" : "f16", D, g.b, g.h, g.s,
-                g.causal, g.mask == 1 ? "add(B,1,S,S)" : (g.mask == 2 ? "bool(B,1,1,S)" : "none"));
+                g.causal,
+                g.mask == 1 ? "add(B,1,S,S)" : (g.mask == 2 ? "bool(B,1,1,S)" : (g.mask == 3 ? "bool-padded" : "none")));
     // Small grids (e.g. seed S=512: 48 blocks, where the portable plan splits the keys and the
     // launcher keeps it): the alternative is the Hopper kernel forced.
     const bool small = int64_t(g.b) * g.h * ((g.s + 127) / 128) * 2 <= 132;
@@ -443,6 +472,21 @@ int main(int argc, char** argv) {
       {"hop f16 d128 split3 causal1 kl64", H, 2, 4, 2, 300, 600, 128, 128, 1, 0.f, N, 0, 64, 0, 3},
       {"hop bf16 d64 split4 boolmask softcap", BF, 1, 3, 1, 200, 700, 64, 64, 0, 25.f, MB, 4, 32, 0, 4},
       {"hop f16 d40/80 split2 causal2", H, 2, 4, 2, 130, 520, 40, 80, 2, 0.f, MA, 2, 0, 0, 2},
+      // Padding masks (B,1,1,Sk) (mask_rank 3, pad_length(): per batch all visible, all masked,
+      // a prefix ending inside / at the edge of a key tile, one key, random): the kernel classifies
+      // each key tile once and scores uniform / prefix tiles without the mask (kScoreFast /
+      // kScoreLimits / kScoreNone), random ones through the pair loads. Sk not a multiple of 128,
+      // GQA, causal 1 / 2 and key_lengths on top (the classes count keys below the key length
+      // only), bool and additive (+0 / -0 / -inf) in both dtypes, a persistent grid (classes per
+      // item) and key splits (classes per split).
+      {"hop f16 d64 boolpad classes 300", H, 6, 4, 4, 200, 300, 64, 64, 0, 0.f, MB, 3, 0},
+      {"hop bf16 d128 addpad gqa2 520", BF, 6, 2, 1, 130, 520, 128, 128, 0, 0.f, MA, 3, 0},
+      {"hop f16 d64 boolpad causal1 gqa3 kl32", H, 6, 3, 1, 140, 300, 64, 64, 1, 0.f, MB, 3, 32},
+      {"hop bf16 d64 addpad causal2 kl64", BF, 6, 2, 2, 150, 520, 64, 64, 2, 0.f, MA, 3, 64},
+      {"hop f16 d128 addpad causal1 kl32", H, 6, 2, 2, 300, 300, 128, 128, 1, 0.f, MA, 3, 32},
+      {"hop bf16 d128 boolpad causal2 520", BF, 7, 2, 2, 200, 520, 128, 128, 2, 0.f, MB, 3, 0},
+      {"hop f16 d128 boolpad persistent", H, 6, 6, 6, 520, 384, 128, 128, 0, 0.f, MB, 3, 0, 1},
+      {"hop bf16 d64 addpad split3 1000", BF, 6, 2, 2, 130, 1000, 64, 64, 0, 0.f, MA, 3, 0, 0, 3},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -470,10 +514,12 @@ int main(int argc, char** argv) {
 #else
   const bool hopper_expected = false;
 #endif
-  // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask and two
-  // key-split cases; the persistent-grid cases are too large for racecheck's pace.
+  // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
+  // key-split cases and a classified padding mask; the persistent-grid cases are too large for
+  // racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
-                                "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64"};
+                                "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
+                                "hop f16 d64 boolpad causal1 gqa3 kl32"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
