@@ -836,14 +836,10 @@ template <typename T, int kD>
 cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   using Cfg = hopper::Config<kD>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  // OPSFUSE_CUDA_HOPPER_L2_PROMOTION=0/1/2 (A/B): the L2 fetch size of the tensor maps' misses (none /
-  // 128 / 256 bytes; 256 by default). Decode measured 256 bytes ~12 % slower than 128 (hopper_decode.cuh).
-  const char* promo_env = std::getenv("OPSFUSE_CUDA_HOPPER_L2_PROMOTION");
-  const int promo = promo_env != nullptr ? std::atoi(promo_env) : 2;
   CUtensorMap tq, tk, tv;
-  if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM, promo) ||
-      !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, hopper::kBN, promo) ||
-      !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, hopper::kBN, promo))
+  if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM) ||
+      !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, hopper::kBN) ||
+      !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, hopper::kBN))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   static int smem_done[4][64] = {};
   const int mode = hopper_mode(a);
