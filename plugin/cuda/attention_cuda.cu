@@ -375,11 +375,6 @@ bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>
 
 template <typename T>
 __global__ void combine_splits_kernel(const KernelArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent (sm_90, launch_combine): wait until the split kernel has
-  // finished and its partials are visible (a no-op when launched normally).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   // One warp per output row: merges the splits' (max, sum, unnormalized output).
   const int64_t total = static_cast<int64_t>(a.batch) * a.heads_q * a.seq_q;
   const int64_t grow = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
@@ -406,28 +401,10 @@ __global__ void combine_splits_kernel(const KernelArgs a) {
   }
 }
 
-// pdl (compute capability 9.0): launched as a programmatic dependent of the split kernel, so that
-// its launch overlaps the split kernel's tail instead of following its completion (the split kernels
-// that allow it signal griddepcontrol.launch_dependents; the others complete first, as usual).
 template <typename T>
-cudaError_t launch_combine(const KernelArgs& a, cudaStream_t stream, bool pdl) {
+cudaError_t launch_combine(const KernelArgs& a, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(a.batch) * a.heads_q * a.seq_q;
-  const unsigned blocks = static_cast<unsigned>((total + 3) / 4);
-  if (!pdl) {
-    combine_splits_kernel<T><<<blocks, 128, 0, stream>>>(a);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(128);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, combine_splits_kernel<T>, a);
-  if (err != cudaSuccess) return err;
+  combine_splits_kernel<T><<<static_cast<unsigned>((total + 3) / 4), 128, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -583,15 +560,10 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
   }
   if (err != cudaSuccess) return cuda_fail(err, "launching the FusedAttention kernel");
   if (ran.num_splits > 1 && ran.cluster <= 1) {  // a cluster merge (decode) already wrote Y
-    // Programmatic dependent launch on sm_90, on created streams only (the legacy default stream's
-    // implicit synchronization is left as it is). OPSFUSE_CUDA_COMBINE_PDL=0 (A/B): a plain launch.
-    const char* pdl_env = std::getenv("OPSFUSE_CUDA_COMBINE_PDL");
-    const bool pdl = dev.cc >= 90 && stream != nullptr && stream != cudaStreamLegacy &&
-                     stream != cudaStreamPerThread && !(pdl_env != nullptr && pdl_env[0] == '0');
     switch (p.dtype) {
-      case DType::kFloat32: err = launch_combine<float>(a, stream, pdl); break;
-      case DType::kFloat16: err = launch_combine<__half>(a, stream, pdl); break;
-      case DType::kBFloat16: err = launch_combine<__nv_bfloat16>(a, stream, pdl); break;
+      case DType::kFloat32: err = launch_combine<float>(a, stream); break;
+      case DType::kFloat16: err = launch_combine<__half>(a, stream); break;
+      case DType::kBFloat16: err = launch_combine<__nv_bfloat16>(a, stream); break;
     }
     if (err != cudaSuccess) return cuda_fail(err, "launching the split-KV combine kernel");
   }

@@ -228,31 +228,3 @@ def test_decode_ignores_cache_past_key_lengths(monkeypatch, dtype, mode, hq, hkv
     assert np.all(np.isfinite(out.astype(np.float64))), f"NaN past key_lengths leaked (seed {seed})"
     assert_within_2x_torch(out, q, k, v, None, lengths, None, 2 if sq > 1 else 0, 0.0,
                            what=f"NaN cache tail ({mode}, seed {seed})")
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("mode", ["default", "portable_no_cluster"])
-def test_decode_split_combine_on_created_stream(monkeypatch, dtype, mode):
-    """On a created stream (sm_90) the combine kernel is a programmatic dependent launch of the split
-    kernel (it waits for the partials with griddepcontrol.wait): 20 back-to-back launches with freshly
-    poisoned outputs, each bitwise equal to the default stream's (plain launch) result."""
-    cuda = require_cuda_module()
-    import torch
-
-    _mode(monkeypatch, mode)
-    rng, seed = fresh_rng()
-    q, k, v = random_inputs(rng, dtype, 8, 32, 8, 1, 4096, 128, 128)
-    tq, tk, tv = to_device(q), to_device(k), to_device(v)
-    expect = cuda.fused_attention(tq, tk, tv)
-    torch.cuda.synchronize()
-    assert_within_2x_torch(to_numpy(expect, dtype), q, k, v, what=f"default stream (seed {seed})")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    outs = []
-    with torch.cuda.stream(side):
-        for _ in range(20):
-            out = torch.full_like(expect, float("nan"))
-            outs.append(cuda.fused_attention(tq, tk, tv, out=out))
-    torch.cuda.synchronize()
-    for i, y in enumerate(outs):
-        torch.testing.assert_close(y, expect, rtol=0, atol=0, msg=f"launch {i} on a created stream (seed {seed})")

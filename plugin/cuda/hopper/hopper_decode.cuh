@@ -98,9 +98,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     hopper::fence_mbarrier_init();
   }
   __syncthreads();
-  // The combine kernel (split launches) may start launching now: it waits for this grid's
-  // completion itself (griddepcontrol.wait), so its launch latency overlaps this grid's work.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   if (warp >= kProducerWarp) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
