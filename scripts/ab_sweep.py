@@ -1,0 +1,105 @@
+"""A/B sweeps of the CUDA launcher's environment switches on a GPU (run on the device; the
+notes in docs/notes/cuda_kernel.md quote its output).
+
+    python scripts/ab_sweep.py decode  D=1 OPSFUSE_CUDA_DECODE_L2_PROMOTION=2 OPSFUSE_CUDA_HOPPER_DECODE=0
+    python scripts/ab_sweep.py prefill D=1 OPSFUSE_CUDA_HOPPER_PINGPONG=0
+
+Each argument after the grid is one variant: comma-separated NAME=VALUE pairs set while that
+variant is captured (D=1 is a no-op: the defaults). Issue 5's decode shapes (B=8, Hq=32, Hkv 8 / 32,
+Sk 1024 / 8192 / 32768, D=128, bf16) or its prefill and seed shapes, each timed as the median of 7
+CUDA-graph replays of >= 10 calls over rotated input sets (>= 256 MB, so that L2 does not flatter
+anyone), with PyTorch's cuDNN SDPA backend on the same inputs first."""
+import os
+import sys
+import torch
+import torch.nn.functional as F
+import opsfuse.cuda as oc
+
+SHAPES = [(8, 32, 8, 1024), (8, 32, 8, 8192), (8, 32, 8, 32768), (8, 32, 32, 1024), (8, 32, 32, 8192), (8, 32, 32, 32768)]
+# prefill: (B, H, S, D, dtype, causal)
+PREFILL = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 4096, 128, torch.bfloat16, 0),
+           (8, 16, 4096, 128, torch.bfloat16, 1), (2, 16, 16384, 128, torch.bfloat16, 0), (2, 16, 16384, 128, torch.bfloat16, 1),
+           (1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0), (8, 12, 512, 64, torch.float16, 0)]
+MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", "prefill") else "decode"
+
+
+def sets_for(b, hq, hkv, sk):
+    kv_bytes = 2 * b * hkv * sk * 128 * 2
+    n = max(1, min(16, (256 << 20) // kv_bytes))
+    out = []
+    for _ in range(n):
+        q = torch.randn(b, hq, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, sk, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, sk, 128, device="cuda", dtype=torch.bfloat16)
+        out.append((q, k, v))
+    return out
+
+
+def time_graph(fn, sets, calls=None):
+    calls = calls or max(10, len(sets))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(3):
+            fn(*sets[i % len(sets)])
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(*sets[i % len(sets)])
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(7):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1000 / calls)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def cudnn(q, k, v, causal=False):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def prefill_sets(b, h, s, d, dt):
+    n = max(1, min(16, (256 << 20) // (3 * b * h * s * d * 2)))
+    return [tuple(torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3)) for _ in range(n)]
+
+
+cases = []
+if MODE == "decode":
+    for shape in SHAPES:
+        cases.append((f"B={shape[0]} Hkv={shape[2]} Sk={shape[3]}:", lambda shape=shape: sets_for(*shape), 0))
+else:
+    for (b, h, s_, d, dt, c) in PREFILL:
+        cases.append((f"B={b} H={h} S={s_} D={d} {str(dt)[6:]} causal={c}:", lambda a=(b, h, s_, d, dt): prefill_sets(*a), c))
+for name, make, causal in cases:
+    sets = make()
+    ops = (lambda q, k, v: oc.fused_attention(q, k, v, is_causal=1)) if causal else (lambda q, k, v: oc.fused_attention(q, k, v))
+    cudnn_fn = (lambda q, k, v: cudnn(q, k, v, True)) if causal else cudnn
+    line = [name]
+    try:
+        line.append(f"cudnn {time_graph(cudnn_fn, sets):.1f}")
+    except Exception as e:  # noqa: BLE001
+        line.append(f"cudnn err {type(e).__name__}")
+    for spec in sys.argv[1:]:
+        env = dict(kv.split("=", 1) for kv in spec.split(",") if "=" in kv)
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            line.append(f"{spec or 'default'} {time_graph(ops, sets):.1f}")
+        finally:
+            for k, val in old.items():
+                if val is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = val
+    print("  ".join(line), flush=True)
+    del sets
+    torch.cuda.empty_cache()
