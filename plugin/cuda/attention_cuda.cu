@@ -235,7 +235,7 @@ int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
 //  workspace + combine path). workspace_size() still counts the split workspace (a superset).
 //  Hopper decode (allow_hopper, hopper_decode_eligible()): a decode plan becomes
 //  KernelKind::kHopperDecode with the same splits (its blocks are as resident: two per SM), merged
-//  by the combine kernel (no cluster merge).
+//  in a cluster under the same rule as above, else by the combine kernel.
 //  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
 //  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), or,
 //  opt-in, key splits merged in a cluster, hopper_key_splits()).
@@ -243,6 +243,19 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
   plan.bucket = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
+// The same for the sm_90 decode kernel (hopper/hopper_decode.cuh), 0 where it is not compiled.
+int hopper_decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
+#ifdef OPSFUSE_CUDA_HOPPER
+  using namespace detail;
+  const bool h = p.dtype == DType::kFloat16;
+  if (plan.bucket == 64) return h ? clusters_hopper_dec_f16_d64(cluster) : clusters_hopper_dec_bf16_d64(cluster);
+  if (plan.bucket == 128) return h ? clusters_hopper_dec_f16_d128(cluster) : clusters_hopper_dec_bf16_d128(cluster);
+#else
+  (void)p, (void)plan, (void)cluster;
+#endif
+  return 0;
+}
+
   const int64_t rows = (p.heads_q / p.heads_kv) * p.seq_q;
   detail::TileShape tile;
   int smem_block = 0;
@@ -321,7 +334,10 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     plan.cluster = plan.num_splits;
   if (allow_hopper && hopper_decode_eligible(p, dev, plan)) {
     plan.kind = KernelKind::kHopperDecode;
-    plan.cluster = 1;
+    plan.cluster = plan.num_splits > 1 && plan.num_splits <= 8 && !env_flag("OPSFUSE_CUDA_DECODE_NO_CLUSTER") &&
+                           hopper_decode_clusters(p, plan, plan.num_splits) >= blocks
+                       ? plan.num_splits
+                       : 1;
   }
   if (allow_hopper && hopper_eligible(p, dev, plan)) {
     // hopper/hopper_fwd.cuh: 128 query rows of one (batch, query head) per block, 128-key tiles.

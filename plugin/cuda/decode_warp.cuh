@@ -301,5 +301,102 @@ __device__ __forceinline__ void merge_warps(const MergeSmem<kD>& m, const WarpSt
   }
 }
 
+// Cluster merge (sm_90; all threads of every block of the cluster call it, after merge_warps with
+// to_cluster): the splits of one (batch, kv head) are the blocks of one thread-block cluster; each
+// split's (sRowM, sRowL, sY) is complete and visible cluster-wide after the first barrier. Block
+// `rank` finishes rows rank, rank + cluster, ...: the splits are merged in rank order 0..cluster-1
+// whichever block does it (deterministic, the order of combine_splits_kernel). `compute` is false
+// for threads that only take part in the barriers (a producer warp).
+template <typename T, int kD>
+__device__ __forceinline__ void cluster_merge_store(const MergeSmem<kD>& m, const KernelArgs& a, int b, int hk,
+                                                    int n_rows, int tid, int cluster, bool compute) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cluster_sync();
+  if (compute) {
+    const int rank = static_cast<int>(cluster_rank());
+    const int dv = a.head_dim_v;
+    const int my_rows = n_rows > rank ? (n_rows - rank + cluster - 1) / cluster : 0;
+    for (int idx = tid; idx < my_rows * kD; idx += kThreads) {
+      const int r = rank + (idx / kD) * cluster, c = idx % kD;
+      if (c >= dv) continue;
+      float mx = -INFINITY;
+      for (int z = 0; z < cluster; ++z) mx = fmaxf(mx, *map_cluster_rank(m.sRowM + r, z));
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      float l = 0.0f, acc = 0.0f;
+      for (int z = 0; z < cluster; ++z) {
+        const float wt = exp2f(*map_cluster_rank(m.sRowM + r, z) - base);
+        l += wt * *map_cluster_rank(m.sRowL + r, z);
+        acc += wt * *map_cluster_rank(m.sY + r * kD + c, z);
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // fully masked row -> 0
+      const int g = r / a.seq_q, i = r - g * a.seq_q, head = hk * a.group + g;
+      T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + head * a.y_stride[1] + i * a.y_stride[2];
+      yrow[c] = from_float<T>(acc * inv);
+    }
+  }
+  cluster_sync();  // no block leaves (freeing its shared memory) while another still reads it
+#else
+  (void)m, (void)a, (void)b, (void)hk, (void)n_rows, (void)tid, (void)cluster, (void)compute;
+  __trap();  // unreachable: choose_plan() asks for clusters only where this code is compiled (ptxVersion >= 90)
+#endif
+}
+
+// Host side. Launches a decode kernel on grid (batch * heads_kv, 1, splits), as clusters of the
+// `cluster` splits of one (batch, kv head) when cluster > 1 (then cluster == splits: choose_plan).
+template <typename Kernel, typename... Args>
+cudaError_t launch_decode_grid(Kernel kernel, dim3 grid, int threads, int smem, int cluster, cudaStream_t stream,
+                               Args... args) {
+  if (cluster <= 1) {
+    kernel<<<grid, threads, smem, stream>>>(args...);
+    return cudaGetLastError();
+  }
+  if (static_cast<unsigned>(cluster) != grid.z) return cudaErrorInvalidValue;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = static_cast<unsigned>(cluster);
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (err != cudaSuccess) return err;
+  return cudaGetLastError();
+}
+
+// How many clusters of `cluster` blocks of `kernel` (threads, smem bytes, its attributes already
+// set) can be resident at once (cudaOccupancyMaxActiveClusters: a cluster's blocks share one GPC);
+// 0 where the kernel has no sm_90 code (binary or PTX older than 9.0) or the query fails.
+template <typename Kernel>
+int query_active_clusters(Kernel kernel, int threads, int smem, int cluster) {
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (fa.ptxVersion < 90 || fa.binaryVersion < 90) return 0;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = static_cast<unsigned>(cluster);
+  cfg.gridDim = dim3(1, 1, static_cast<unsigned>(cluster));
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it so that the next launch does not report it
+    return 0;
+  }
+  return n;
+}
+
 }  // namespace dec
 }  // namespace opsfuse::cuda::detail

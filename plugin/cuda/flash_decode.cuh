@@ -144,37 +144,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const KernelA
   static_assert(MergeSmem<kD>::kBytes <= smem_bytes(kD, 2), "the merge fits in the smallest ring");
   const MergeSmem<kD> m(smem);
   merge_warps<T, kD>(m, st, a, b, hk, n_rows, tid, cluster > 1, [] { __syncthreads(); });
-  if (cluster > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Every split's (sRowM, sRowL, sY) is complete and visible cluster-wide after the barrier.
-    // Block `rank` finishes rows rank, rank + cluster, ...: the splits are merged in rank order
-    // 0..cluster-1 whichever block does it (deterministic, the order of combine_splits_kernel).
-    cluster_sync();
-    const int rank = static_cast<int>(cluster_rank());
-    const int dv = a.head_dim_v;
-    const int my_rows = n_rows > rank ? (n_rows - rank + cluster - 1) / cluster : 0;
-    for (int idx = tid; idx < my_rows * kD; idx += kThreads) {
-      const int r = rank + (idx / kD) * cluster, c = idx % kD;
-      if (c >= dv) continue;
-      float mx = -INFINITY;
-      for (int z = 0; z < cluster; ++z) mx = fmaxf(mx, *map_cluster_rank(m.sRowM + r, z));
-      const float base = mx == -INFINITY ? 0.0f : mx;
-      float l = 0.0f, acc = 0.0f;
-      for (int z = 0; z < cluster; ++z) {
-        const float wt = exp2f(*map_cluster_rank(m.sRowM + r, z) - base);
-        l += wt * *map_cluster_rank(m.sRowL + r, z);
-        acc += wt * *map_cluster_rank(m.sY + r * kD + c, z);
-      }
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // fully masked row -> 0
-      const int g = r / a.seq_q, i = r - g * a.seq_q, head = hk * a.group + g;
-      T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + head * a.y_stride[1] + i * a.y_stride[2];
-      yrow[c] = from_float<T>(acc * inv);
-    }
-    cluster_sync();  // no block leaves (freeing its shared memory) while another still reads it
-#else
-    __trap();  // unreachable: choose_plan() asks for clusters only where this code is compiled (ptxVersion >= 90)
-#endif
-  }
+  if (cluster > 1) cluster_merge_store<T, kD>(m, a, b, hk, n_rows, tid, cluster, true);
 }
 
 // Sets the kernel's shared-memory limit for a `stages` deep ring and its carveout, once per device.
@@ -201,28 +171,8 @@ cudaError_t launch_flash_decode(const KernelArgs& a, const Plan& plan, cudaStrea
   cudaError_t err = prepare_kernel<T, kD>(plan.stages);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(a.batch) * a.heads_kv, 1, plan.num_splits);
-  if (plan.cluster > 1) {
-    // choose_plan() set cluster == num_splits only where max_active_clusters() found room for the
-    // whole grid in one wave.
-    if (plan.cluster != plan.num_splits) return cudaErrorInvalidValue;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = static_cast<unsigned>(plan.cluster);
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(bytes);
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    err = cudaLaunchKernelEx(&cfg, kernel, a, plan.stages, plan.cluster);
-    if (err != cudaSuccess) return err;
-    return cudaGetLastError();
-  }
-  kernel<<<grid, kThreads, bytes, stream>>>(a, plan.stages, 1);
-  return cudaGetLastError();
+  // cluster > 1: choose_plan() found room for the whole grid's clusters in one wave.
+  return launch_decode_grid(kernel, grid, kThreads, bytes, plan.cluster, stream, a, plan.stages, plan.cluster);
 }
 
 // How many clusters of `cluster` (2..8) blocks (the splits of one (batch, kv head)) of a `stages`
@@ -240,32 +190,11 @@ int max_active_clusters(int stages, int cluster) {
     const int c = __atomic_load_n(&cache[stages][cluster][dev], __ATOMIC_ACQUIRE);
     if (c > 0) return c - 1;
   }
-  auto kernel = flash_decode_kernel<T, kD>;
-  cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return 0;
-  int n = 0;
-  if (fa.ptxVersion >= 90 && fa.binaryVersion >= 90) {
-    const int bytes = smem_bytes(kD, stages);
-    if (prepare_kernel<T, kD>(stages) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = static_cast<unsigned>(cluster);
-    cfg.gridDim = dim3(1, 1, static_cast<unsigned>(cluster));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(bytes);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky: clear it so that the next launch does not report it
-      return 0;
-    }
+  if (prepare_kernel<T, kD>(stages) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
   }
+  const int n = query_active_clusters(flash_decode_kernel<T, kD>, kThreads, smem_bytes(kD, stages), cluster);
   if (dev < 64) __atomic_store_n(&cache[stages][cluster][dev], n + 1, __ATOMIC_RELEASE);
   return n;
 }

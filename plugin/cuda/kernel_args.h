@@ -101,6 +101,11 @@ int clusters_tcdec_f16_d64(int stages, int cluster);
 int clusters_tcdec_f16_d128(int stages, int cluster);
 int clusters_tcdec_bf16_d64(int stages, int cluster);
 int clusters_tcdec_bf16_d128(int stages, int cluster);
+// The same for the sm_90 decode kernel (hopper/hopper_decode.cuh; sm_90a builds only).
+int clusters_hopper_dec_f16_d64(int cluster);
+int clusters_hopper_dec_f16_d128(int cluster);
+int clusters_hopper_dec_bf16_d64(int cluster);
+int clusters_hopper_dec_bf16_d128(int cluster);
 
 // Tile shapes of each configuration, shared by the heuristic and the instantiations.
 // per_sm_regs: resident blocks per multiprocessor allowed by registers (65536 / (threads x the

@@ -8,4 +8,6 @@ cudaError_t run_hopper_dec_bf16_d128(const KernelArgs& a, const Plan& plan, cuda
   return launch_hopper_decode<__nv_bfloat16, 128>(a, plan, stream);
 }
 
+int clusters_hopper_dec_bf16_d128(int cluster) { return hopper_decode_active_clusters<__nv_bfloat16, 128>(cluster); }
+
 }  // namespace opsfuse::cuda::detail

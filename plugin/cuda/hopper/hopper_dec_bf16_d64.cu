@@ -8,4 +8,6 @@ cudaError_t run_hopper_dec_bf16_d64(const KernelArgs& a, const Plan& plan, cudaS
   return launch_hopper_decode<__nv_bfloat16, 64>(a, plan, stream);
 }
 
+int clusters_hopper_dec_bf16_d64(int cluster) { return hopper_decode_active_clusters<__nv_bfloat16, 64>(cluster); }
+
 }  // namespace opsfuse::cuda::detail

@@ -8,4 +8,6 @@ cudaError_t run_hopper_dec_f16_d128(const KernelArgs& a, const Plan& plan, cudaS
   return launch_hopper_decode<__half, 128>(a, plan, stream);
 }
 
+int clusters_hopper_dec_f16_d128(int cluster) { return hopper_decode_active_clusters<__half, 128>(cluster); }
+
 }  // namespace opsfuse::cuda::detail

@@ -8,4 +8,6 @@ cudaError_t run_hopper_dec_f16_d64(const KernelArgs& a, const Plan& plan, cudaSt
   return launch_hopper_decode<__half, 64>(a, plan, stream);
 }
 
+int clusters_hopper_dec_f16_d64(int cluster) { return hopper_decode_active_clusters<__half, 64>(cluster); }
+
 }  // namespace opsfuse::cuda::detail

@@ -18,7 +18,9 @@
 //    ~64 KB of loads in flight each.
 // Keys past Sk arrive as zeros (TMA out-of-bounds fill); keys in [key_lengths[b], Sk) arrive as
 // whatever memory holds and are masked (scores) and zeroed (V fragments) by warp_tile_step.
-// Splits write the workspace partials that the launcher's combine kernel merges (no cluster merge).
+// Splits write the workspace partials that the launcher's combine kernel merges, or, where the
+// splits of every (batch, kv head) fit on the device as thread-block clusters at once (choose_plan,
+// cluster > 1), merge through distributed shared memory and write Y (no second launch).
 #pragma once
 
 #include <cstdlib>
@@ -66,7 +68,7 @@ __device__ __forceinline__ void compute_warps_sync() { asm volatile("bar.sync 1,
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 2)
     hopper_decode_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_k,
-                         const __grid_constant__ CUtensorMap tm_v, const int evict_first) {
+                         const __grid_constant__ CUtensorMap tm_v, const int evict_first, const int cluster) {
   using Cfg = Config<kD>;
   constexpr int kStages = Cfg::kStages;
 
@@ -126,6 +128,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
+    if (cluster > 1) {  // the cluster merge's barriers count every thread of the cluster
+      __syncwarp();
+      dec::cluster_merge_store<T, kD>(dec::MergeSmem<kD>(ring), a, b, hk, n_rows, tid, cluster, false);
+    }
     return;
   }
 
@@ -157,10 +163,22 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // Every issued tile was waited for: no TMA write is pending, the ring is free for the merge.
   const dec::MergeSmem<kD> m(ring);
-  dec::merge_warps<T, kD>(m, st, a, b, hk, n_rows, tid, /*to_cluster=*/false, [] { compute_warps_sync(); });
+  dec::merge_warps<T, kD>(m, st, a, b, hk, n_rows, tid, cluster > 1, [] { compute_warps_sync(); });
+  if (cluster > 1) dec::cluster_merge_store<T, kD>(m, a, b, hk, n_rows, tid, cluster, true);
 }
 
 }  // namespace hopper_dec
+
+// The kernel's shared-memory limit and carveout (two ~100 KB blocks per SM), once per device.
+template <typename T, int kD>
+cudaError_t prepare_hopper_decode() {
+  static int smem_done[64] = {};
+  static int carveout_done[64] = {};
+  auto kernel = hopper_dec::hopper_decode_kernel<T, kD>;
+  const cudaError_t err = ensure_smem(kernel, hopper_dec::Config<kD>::kSmem, smem_done);
+  if (err != cudaSuccess) return err;
+  return ensure_max_shared_carveout(kernel, carveout_done);
+}
 
 template <typename T, int kD>
 cudaError_t launch_hopper_decode(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
@@ -181,16 +199,33 @@ cudaError_t launch_hopper_decode(const KernelArgs& a, const Plan& plan, cudaStre
   if (!hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, dec::kBN, promo) ||
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, dec::kBN, promo))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
-  static int smem_done[64] = {};
-  static int carveout_done[64] = {};
-  auto kernel = hopper_dec::hopper_decode_kernel<T, kD>;
-  cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done);
-  if (err != cudaSuccess) return err;
-  err = ensure_max_shared_carveout(kernel, carveout_done);  // two ~100 KB blocks per SM
+  cudaError_t err = prepare_hopper_decode<T, kD>();
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(a.batch) * a.heads_kv, 1, static_cast<unsigned>(plan.num_splits));
-  kernel<<<grid, hopper_dec::kThreads, Cfg::kSmem, stream>>>(a, tk, tv, evict_first);
-  return cudaGetLastError();
+  return dec::launch_decode_grid(hopper_dec::hopper_decode_kernel<T, kD>, grid, hopper_dec::kThreads, Cfg::kSmem,
+                                 plan.cluster, stream, a, tk, tv, evict_first, plan.cluster);
+}
+
+// How many clusters of `cluster` (2..8) blocks of the kernel fit on the current device at once
+// (dec::query_active_clusters); cached per device.
+template <typename T, int kD>
+int hopper_decode_active_clusters(int cluster) {
+  if (cluster < 2 || cluster > 8) return 0;
+  static int cache[9][64] = {};  // value + 1, 0 = not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < 64) {
+    const int c = __atomic_load_n(&cache[cluster][dev], __ATOMIC_ACQUIRE);
+    if (c > 0) return c - 1;
+  }
+  if (prepare_hopper_decode<T, kD>() != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const int n = dec::query_active_clusters(hopper_dec::hopper_decode_kernel<T, kD>, hopper_dec::kThreads,
+                                           hopper_dec::Config<kD>::kSmem, cluster);
+  if (dev < 64) __atomic_store_n(&cache[cluster][dev], n + 1, __ATOMIC_RELEASE);
+  return n;
 }
 
 }  // namespace opsfuse::cuda::detail
