@@ -92,22 +92,24 @@ def test_decode_deterministic(dtype):
         np.testing.assert_array_equal(run_binding(q, k, v).astype(np.float32), first.astype(np.float32))
 
 
-# On sm_90 decode runs the TMA kernel (hopper/hopper_decode.cuh: splits merged by the combine
-# kernel); OPSFUSE_CUDA_HOPPER_DECODE=0 takes the portable cp.async kernel, whose split grid runs the
-# splits of one (batch, kv head) as a thread-block cluster that merges through distributed shared
-# memory (choose_plan: <= 8 splits, the whole grid resident at once; OPSFUSE_CUDA_DECODE_NO_CLUSTER=1:
-# the workspace + combine kernel path). B * Hkv = 64 -> 4 splits, 32 -> 8 splits on an H100/H200
-# (132 SMs, 2 blocks each); elsewhere these run whatever plan the device gets, against the same
-# reference.
-CLUSTER_MODES = ["default", "portable", "portable_no_cluster"]
+# On sm_90 decode runs the TMA kernel (hopper/hopper_decode.cuh); OPSFUSE_CUDA_HOPPER_DECODE=0 takes
+# the portable cp.async kernel. Both merge a split grid's splits of one (batch, kv head) as a
+# thread-block cluster through distributed shared memory where every cluster fits at once
+# (choose_plan), else through the workspace and the combine kernel (OPSFUSE_CUDA_DECODE_NO_CLUSTER=1:
+# always). B * Hkv = 64 -> 4 splits on an H100/H200 (132 SMs, 2 blocks each), whose clusters do not
+# all fit; "splits2" (OPSFUSE_CUDA_DECODE_SPLITS=2) makes clusters of 2, which do. Elsewhere these
+# run whatever plan the device gets, against the same reference.
+CLUSTER_MODES = ["default", "splits2", "splits2_no_cluster", "portable", "portable_no_cluster"]
 
 
 def _mode(monkeypatch, mode):
-    for name in ("OPSFUSE_CUDA_DECODE_NO_CLUSTER", "OPSFUSE_CUDA_HOPPER_DECODE"):
+    for name in ("OPSFUSE_CUDA_DECODE_NO_CLUSTER", "OPSFUSE_CUDA_HOPPER_DECODE", "OPSFUSE_CUDA_DECODE_SPLITS"):
         monkeypatch.delenv(name, raising=False)
     if mode.startswith("portable"):
         monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_DECODE", "0")
-    if mode == "portable_no_cluster":
+    if mode.startswith("splits2"):
+        monkeypatch.setenv("OPSFUSE_CUDA_DECODE_SPLITS", "2")
+    if mode.endswith("no_cluster"):
         monkeypatch.setenv("OPSFUSE_CUDA_DECODE_NO_CLUSTER", "1")
 
 
@@ -172,7 +174,7 @@ def test_decode_split_merge_deterministic_and_equal(monkeypatch, dtype):
     first = run_binding(q, k, v).astype(np.float32)
     for _ in range(3):
         np.testing.assert_array_equal(run_binding(q, k, v).astype(np.float32), first)
-    for mode in ("portable", "portable_no_cluster"):
+    for mode in ("splits2", "splits2_no_cluster", "portable", "portable_no_cluster"):
         _mode(monkeypatch, mode)
         other = run_binding(q, k, v).astype(np.float32)
         np.testing.assert_allclose(first, other, rtol=1e-2, atol=1e-3, err_msg=f"{mode} (seed {seed})")
