@@ -217,6 +217,19 @@ int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
   return 0;
 }
 
+// The same for the sm_90 decode kernel (hopper/hopper_decode.cuh), 0 where it is not compiled.
+int hopper_decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
+#ifdef OPSFUSE_CUDA_HOPPER
+  using namespace detail;
+  const bool h = p.dtype == DType::kFloat16;
+  if (plan.bucket == 64) return h ? clusters_hopper_dec_f16_d64(cluster) : clusters_hopper_dec_bf16_d64(cluster);
+  if (plan.bucket == 128) return h ? clusters_hopper_dec_f16_d128(cluster) : clusters_hopper_dec_bf16_d128(cluster);
+#else
+  (void)p, (void)plan, (void)cluster;
+#endif
+  return 0;
+}
+
 // THE heuristic: which kernel, which tiles, how many KV splits. Depends on shapes, dtype and the
 // device's multiprocessor count only (never on data), so workspace_size() and launch() agree.
 //  - float32 -> the SIMT kernel (true float32).
@@ -243,19 +256,6 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
   plan.bucket = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
-// The same for the sm_90 decode kernel (hopper/hopper_decode.cuh), 0 where it is not compiled.
-int hopper_decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
-#ifdef OPSFUSE_CUDA_HOPPER
-  using namespace detail;
-  const bool h = p.dtype == DType::kFloat16;
-  if (plan.bucket == 64) return h ? clusters_hopper_dec_f16_d64(cluster) : clusters_hopper_dec_bf16_d64(cluster);
-  if (plan.bucket == 128) return h ? clusters_hopper_dec_f16_d128(cluster) : clusters_hopper_dec_bf16_d128(cluster);
-#else
-  (void)p, (void)plan, (void)cluster;
-#endif
-  return 0;
-}
-
   const int64_t rows = (p.heads_q / p.heads_kv) * p.seq_q;
   detail::TileShape tile;
   int smem_block = 0;
