@@ -36,6 +36,12 @@
 //    kScoreLimits, the prefix end as one more key limit), or not at all (kScoreNone: P = 0, no
 //    S product); only other tiles take the per-score mask path. The producer still loads every
 //    tile (skipping all-masked tiles would need it to agree on the tile list: not done).
+//  - Tail split (choose_plan's hopper_tail_split(): plan.persistent > 0 with plan.cluster == 2): a
+//    persistent grid whose last round is partial (seed B=1 H=12 S=2048: 192 row tiles on 132 SMs,
+//    the second round keeps 60 busy) launches as clusters of 2; the full rounds run unsplit, the
+//    last round's items go one per cluster, split by key tiles between its 2 blocks and merged
+//    through distributed shared memory as a key-split launch does (see item_of and the epilogue),
+//    so that round takes about half an item's time plus the merge instead of a whole one.
 //
 // Why raw PTX (inline asm) and not CUTLASS/CuTe: the kernel needs ~10 instructions (wgmma
 // fence/commit/wait/mma_async, cp.async.bulk.tensor, mbarrier init/arrive/expect_tx/try_wait,
@@ -55,6 +61,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <type_traits>
 #include <utility>
@@ -257,7 +264,8 @@ template <typename T, int kD, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                      const int pingpong, const int n_work, const int splits, const int mask_classes) {
+                      const int pingpong, const int n_work, const int splits, const int mask_classes,
+                      const int tail_round) {
   using Cfg = Config<kD>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
@@ -288,7 +296,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   // + splits - 1 are one thread-block cluster on one item, block (cluster rank) r taking the key
   // tiles [r n / splits, (r + 1) n / splits) of its n; rank 0 merges the others' partial results
   // through distributed shared memory and stores the rows (see the epilogue).
+  // Tail split (tail_round = r_tail = n_work / G, else INT_MAX: a persistent grid of G =
+  // gridDim.x blocks, G even, launched as clusters of 2, splits == 1; launch_hopper made sure that
+  // 0 < n_work - r_tail G <= G / 2): rounds r < r_tail are the persistent rounds above, unsplit,
+  // without cluster barriers; round r_tail is the last: cluster c = blockIdx.x / 2 takes item
+  // r_tail G + c, if any, split 2 ways by key tiles as in a key-split launch (rank = blockIdx.x % 2;
+  // a rank may get no key tile), merged into rank 0. Both blocks of a cluster get the same item
+  // (or none) in that round, so they make the same cluster_sync() calls; a cluster without a tail
+  // item makes none. r_tail is a kernel parameter (computing it here, n_work / G, kept a register
+  // live through the consumers' key loop and spilled); rounds past it land beyond n_work.
+  auto splits_in = [&](int r) { return r >= tail_round ? 2 : splits; };  // key splits of round r's item
   auto item_of = [&](int r) {
+    if (r >= tail_round) {
+      const int64_t w = static_cast<int64_t>(r) * gridDim.x + blockIdx.x / 2;
+      return w < n_work ? static_cast<int>(w) : n_work;
+    }
     const int x = static_cast<int>(blockIdx.x) / splits, G = static_cast<int>(gridDim.x) / splits;
     const int64_t w = static_cast<int64_t>(r) * G + ((r & 1) ? G - 1 - x : x);
     return w < n_work ? static_cast<int>(w) : n_work;
@@ -298,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int t_begin, t_end;  // this block's key tiles of the item (all of them unless split)
     KeyRange kr;
   };
-  auto work_of = [&](int w) {
+  auto work_of = [&](int w, int ns) {  // ns: the item's key splits (splits_in(round))
     Work wk;
     const int bh = w / n_rt;
     const int rt = n_rt - 1 - w % n_rt;
@@ -311,9 +333,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int g = wk.h - wk.hk * a.group;
     wk.kr = key_range(a, g * a.seq_q + wk.row0, g * a.seq_q + min(wk.row0 + kBM, a.seq_q) - 1, wk.len);
     const int n_tiles = (wk.kr.n_end + kBN - 1) / kBN;
-    const int split = static_cast<int>(blockIdx.x) % splits;  // the cluster rank (0 unless split)
-    wk.t_begin = split * n_tiles / splits;
-    wk.t_end = (split + 1) * n_tiles / splits;
+    const int split = static_cast<int>(blockIdx.x) % ns;  // the cluster rank (0 unless split)
+    wk.t_begin = split * n_tiles / ns;
+    wk.t_end = (split + 1) * n_tiles / ns;
     return wk;
   };
 
@@ -344,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int kv = 0;  // K/V tiles loaded by this block so far (ring position)
       int round = 0;
       for (int w = item_of(0); w < n_work; w = item_of(++round)) {
-        const Work wk = work_of(w);
+        const Work wk = work_of(w, splits_in(round));
         // Q of the previous item is released by the consumers after its last S = Q K^T.
         if (round > 0) mbar_wait(bar_qempty, (round - 1) & 1);
         mbar_expect_tx(bar_q, Cfg::kQBytes);
@@ -367,7 +389,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    if (splits > 1) {  // the split merge's two cluster barriers count every thread of the cluster
+    // The split merge's two cluster barriers count every thread of the cluster: a key-split
+    // launch merges its one item, a tail-split one the item of its last round if its cluster has
+    // one (the same answer in both blocks). Either is the block's last item, so tid 0 has issued
+    // all its loads before it arrives.
+    if (splits > 1 || item_of(tail_round) < n_work) {
       __syncwarp();
       cluster_sync();
       cluster_sync();
@@ -383,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
   for (int w = item_of(0); w < n_work; w = item_of(++round)) {
-    const Work wk = work_of(w);
+    const Work wk = work_of(w, splits_in(round));
     const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len;
     const int t_begin = wk.t_begin, t_end = wk.t_end, n_tiles = t_end - t_begin;
     const int ring0 = kv_base - t_begin;  // ring position of key tile `it` is ring0 + it
@@ -740,18 +766,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) mbar_arrive(bar_vempty(last));
     }
 
-    if (splits > 1) {
+    const int ns = splits_in(round);  // recomputed here: not a register through the key loop
+    if (ns > 1) {
       // Split merge. Every rank's thread holds the same rows and columns of O (the accumulator
       // layout does not depend on the keys), so ranks > 0 put their (O, max, per-thread sum) in
       // their shared memory over the K/V ring (both warpgroups' last products are done: named
-      // barrier 1) as float4 chunks, chunk c of thread `slot` at c * 256 + slot: O[4c .. 4c + 3]
+      // barrier 1; a split item is the block's last, so the producer loads nothing more) as
+      // float4 chunks, chunk c of thread `slot` at c * 256 + slot: O[4c .. 4c + 3]
       // (rows: hh 0, 0, 1, 1), then (m0, m1, l0, l1). Rank 0 reads the chunks through distributed
       // shared memory and folds them into its registers in rank order (deterministic): max M,
       // O = sum_r O_r 2^(m_r - M), l likewise (m = -inf: weight 0).
       constexpr int kOChunks = kD / 8;
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       float4* part = reinterpret_cast<float4*>(smem_raw + (sK - smem_u32(smem_raw))) + cw * 128 + t;
-      const int split = static_cast<int>(blockIdx.x) % splits;
+      const int split = static_cast<int>(blockIdx.x) % ns;
       if (split > 0) {
 #pragma unroll
         for (int c = 0; c < kOChunks; ++c)
@@ -761,7 +789,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cluster_sync();
       if (split == 0) {
         float mx[2] = {m_run[0], m_run[1]};
-        for (int z = 1; z < splits; ++z) {
+        for (int z = 1; z < ns; ++z) {
           const float4 ml = map_cluster_rank(part, z)[kOChunks * 256];
           mx[0] = fmaxf(mx[0], ml.x);
           mx[1] = fmaxf(mx[1], ml.y);
@@ -771,7 +799,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         l_run[0] *= w[0];
         l_run[1] *= w[1];
         rescale_o_by(w);
-        for (int z = 1; z < splits; ++z) {
+        for (int z = 1; z < ns; ++z) {
           const float4* peer = map_cluster_rank(part, z);
           const float4 ml = peer[kOChunks * 256];
           w[0] = ex2(ml.x - mb[0]);
@@ -859,26 +887,62 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // pair mask through the pair loads, as before them: to measure them).
   const char* mc_env = std::getenv("OPSFUSE_CUDA_HOPPER_MASK_CLASSES");
   const int mask_classes = mc_env != nullptr && mc_env[0] == '0' ? 0 : 1;
-  const int splits = plan.cluster;  // key splits per row tile (choose_plan), never with persistent
-  if (splits <= 1) {
-    kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
-        a, tq, tk, tv, pingpong, static_cast<int>(blocks), 1, mask_classes);
-    return cudaGetLastError();
+  // plan.cluster (choose_plan): without a persistent grid, key splits per row tile; with one, 2 =
+  // the tail split (its last, partial round's items split 2 ways by keys, see the kernel).
+  const int splits = plan.cluster;
+  const bool tail = plan.persistent > 0 && splits == 2;
+  int64_t tail_grid = grid & ~int64_t{1};  // blocks of a tail-split launch: whole clusters
+  if (tail) {
+    // choose_plan took the tail split only where the last round's items fit in one split round.
+    const int64_t rem = tail_grid >= 2 ? blocks % tail_grid : 0;
+    if (rem == 0 || 2 * rem > tail_grid) return cudaErrorInvalidValue;
   }
-  if (plan.persistent > 0 || splits > 8) return cudaErrorInvalidValue;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks * splits), 1, 1);
+  cfg.gridDim = dim3(static_cast<unsigned>(tail ? tail_grid : blocks * splits), 1, 1);
   cfg.blockDim = dim3(hopper::kThreads, 1, 1);
   cfg.dynamicSmemBytes = Cfg::kSmem;
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, pingpong, static_cast<int>(blocks), splits, mask_classes);
+  if (tail) {
+    // A persistent grid must be resident at once (one wave): with clusters of 2 that needs
+    // tail_grid / 2 co-resident clusters (cudaOccupancyMaxActiveClusters, asked once per device
+    // and instantiation); where the device holds fewer (an SM whose GPC partner is unavailable),
+    // the plain persistent grid runs instead.
+    static int clusters_cache[4][64] = {};  // value + 1, 0 = not asked yet
+    int dev = 0;
+    err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    int fit = dev < 64 ? __atomic_load_n(&clusters_cache[mode][dev], __ATOMIC_ACQUIRE) - 1 : -1;
+    if (fit < 0) {
+      if (cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();  // not sticky: clear it so that the launch does not report it
+        fit = 0;
+      }
+      if (dev < 64) __atomic_store_n(&clusters_cache[mode][dev], fit + 1, __ATOMIC_RELEASE);
+    }
+    if (2 * static_cast<int64_t>(fit) < tail_grid) {
+      kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
+            a, tq, tk, tv, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX);
+      return cudaGetLastError();
+    }
+    err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, pingpong, static_cast<int>(blocks), 1, mask_classes,
+                             static_cast<int>(blocks / tail_grid));
+    if (err != cudaSuccess) return err;
+    return cudaGetLastError();
+  }
+  if (splits <= 1) {
+    kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
+        a, tq, tk, tv, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX);
+    return cudaGetLastError();
+  }
+  if (plan.persistent > 0 || splits > 8) return cudaErrorInvalidValue;
+  err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, pingpong, static_cast<int>(blocks), splits, mask_classes, INT_MAX);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
