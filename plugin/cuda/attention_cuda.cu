@@ -16,6 +16,9 @@
 //                                  also where the sm_90 cluster merge would run (choose_plan).
 //   OPSFUSE_CUDA_DECODE_SPLITS=N   (benchmark sweeps) decode with N key splits.
 //   OPSFUSE_CUDA_HOPPER_SPLITS=N   (tests, sweeps) the Hopper kernel with N key splits per row tile.
+//   OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=0 / 1  (A/B, tests) no tail split of a persistent Hopper grid /
+//                                  one wherever the persistent grid is taken and its last round
+//                                  fits in one split round (hopper_tail_split()).
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -206,6 +209,29 @@ bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, con
   return std::max(1, std::min({std::atoi(e), 8, ceil_div(p.seq_k, 128)}));
 }
 
+// Hopper tail split (hopper_fwd.cuh, tail_round): a persistent grid whose last round is partial
+// leaves SMs idle for a whole item time (seed B=1 H=12 S=2048 D=64: 192 row tiles on 132 SMs, the
+// second round busies 60 of 132; 46.8-48.2 us against cuDNN's 41.6). Launched as clusters of 2
+// (grid G = #SMs rounded down to even), the full rounds run unsplit as before and the last round's
+// items are split 2 ways by key tiles within a cluster, merged in distributed shared memory: that
+// round takes ~half an item time plus the merge instead of a whole one (seed: 1 + ~0.5 rounds
+// instead of 2). Only where the kernel's one split round holds the tail (0 < items mod G <= G / 2).
+// Chosen for non-causal launches without key_lengths with G < items <= 1.5 G (one full round; the
+// tail's share of the time is largest), the conditions of a non-causal persistent grid. Splitting
+// every item instead measured slower (hopper_key_splits()): each split repeats the Q load, the
+// pipeline fill and the epilogue, which the tail split pays only in its last round.
+// OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=0: never; =1: wherever the persistent grid is taken and the tail
+// fits (causal, key_lengths, several full rounds).
+[[maybe_unused]] bool hopper_tail_split(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
+  const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
+  if (e != nullptr && e[0] == '0') return false;
+  const int64_t items = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
+  const int64_t g = std::min<int64_t>(items, plan.persistent) & ~int64_t{1};
+  if (g < 2 || items % g == 0 || 2 * (items % g) > g) return false;
+  if (e != nullptr && e[0] == '1') return true;
+  return items / g == 1 && p.is_causal == 0 && p.key_lengths == nullptr;
+}
+
 // Decode cluster merge (flash_decode.cuh): how many clusters of `cluster` blocks of the decode
 // kernel for this dtype / bucket / ring depth fit on the device at once (0: not compiled for sm_90).
 int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
@@ -250,8 +276,9 @@ int hopper_decode_clusters(const AttentionParams& p, const Plan& plan, int clust
 //  KernelKind::kHopperDecode with the same splits (its blocks are as resident: two per SM), merged
 //  in a cluster under the same rule as above, else by the combine kernel.
 //  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
-//  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), or,
-//  opt-in, key splits merged in a cluster, hopper_key_splits()).
+//  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), whose
+//  partial last round may be split by keys in clusters of 2, hopper_tail_split() (plan.cluster = 2
+//  with plan.persistent > 0), or, opt-in, key splits merged in a cluster, hopper_key_splits()).
 Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hopper = true) {
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
@@ -348,6 +375,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     plan.num_splits = 1;
     plan.cluster = hopper_key_splits(p);
     plan.persistent = plan.cluster == 1 && hopper_persistent(p, dev, plan) ? dev.sms : 0;
+    if (plan.persistent > 0 && hopper_tail_split(p, dev, plan)) plan.cluster = 2;  // the last round split
   }
   return plan;
 }
