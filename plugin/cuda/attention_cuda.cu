@@ -222,7 +222,7 @@ bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, con
 // pipeline fill and the epilogue, which the tail split pays only in its last round.
 // OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=0: never; =1: wherever the persistent grid is taken and the tail
 // fits (causal, key_lengths, several full rounds).
-[[maybe_unused]] bool hopper_tail_split(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
+[[maybe_unused]] bool hopper_tail_split(const AttentionParams& p, const Plan& plan) {
   const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
   if (e != nullptr && e[0] == '0') return false;
   const int64_t items = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
@@ -375,7 +375,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     plan.num_splits = 1;
     plan.cluster = hopper_key_splits(p);
     plan.persistent = plan.cluster == 1 && hopper_persistent(p, dev, plan) ? dev.sms : 0;
-    if (plan.persistent > 0 && hopper_tail_split(p, dev, plan)) plan.cluster = 2;  // the last round split
+    if (plan.persistent > 0 && hopper_tail_split(p, plan)) plan.cluster = 2;  // the last round split
   }
   return plan;
 }
