@@ -58,6 +58,8 @@ struct Case {
   int persist = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_PERSISTENT=1 (a persistent grid also where
                     // choose_plan keeps one block per tile: key_lengths)
   int splits = 0;   // Hopper cases: > 0 = OPSFUSE_CUDA_HOPPER_SPLITS (key splits merged in a cluster)
+  int tail = 0;     // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=1 (a persistent grid's partial
+                    // last round split by keys in clusters of 2, wherever it fits)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -270,6 +272,8 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   int kinds[2] = {-1, -1};
   const char* pe = std::getenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
   const std::string persist_env = pe != nullptr ? pe : "";
+  const char* te = std::getenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
+  const std::string tail_env = te != nullptr ? te : "";
   for (int pass = 0; pass < 2; ++pass) {
     // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
     if (pass == 0) {
@@ -277,6 +281,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
       if (c.persist) setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
       if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
+      if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
     } else {
       if (c.splits > 0) unsetenv("OPSFUSE_CUDA_HOPPER_SPLITS");
       // Back to the environment's own value: an OPSFUSE_CUDA_HOPPER_PERSISTENT given by the caller
@@ -284,6 +289,10 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       if (c.persist) {
         if (persist_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
         else setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", persist_env.c_str(), 1);
+      }
+      if (c.tail) {
+        if (tail_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
+        else setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", tail_env.c_str(), 1);
       }
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
@@ -487,6 +496,21 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 boolpad causal2 520", BF, 7, 2, 2, 200, 520, 128, 128, 2, 0.f, MB, 3, 0},
       {"hop f16 d128 boolpad persistent", H, 6, 6, 6, 520, 384, 128, 128, 0, 0.f, MB, 3, 0, 1},
       {"hop bf16 d64 addpad split3 1000", BF, 6, 2, 2, 130, 1000, 64, 64, 0, 0.f, MA, 3, 0, 0, 3},
+      // Tail split (OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=1): a persistent grid of clusters of 2 whose
+      // last, partial round's items are split by key tiles and merged in distributed shared memory.
+      // Row-tile counts for 132 SMs (H100 / H200; G = 132): the seed B=1 H=12 S=2048 (192, tail
+      // 60); 195 with a tail of 63 (odd: the last cluster of the round has an item, the next none),
+      // GQA 5, key_lengths with batch 0 at 0 (items without key tiles: both halves empty); D=128
+      // with a (B,1,1,Sk) bool padding mask (192), GQA 2, Sk = 900 (not a multiple of 128); Sk =
+      // 100 (one key tile: rank 0, which stores, gets none, rank 1 all) with an additive mask;
+      // causal 1 (forced: 144 row tiles, items of 1..12 key tiles, the lightest split 0 / 1);
+      // a small one for --quick (140 items of 2 key tiles, Sk = 130).
+      {"hop f16 d64 tail seed 12x2048", H, 1, 12, 12, 2048, 2048, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 1},
+      {"hop bf16 d128 tail odd gqa5 kl32", BF, 3, 65, 13, 100, 700, 128, 128, 0, 0.f, N, 0, 32, 1, 0, 1},
+      {"hop f16 d128 tail boolpad gqa2 900", H, 6, 4, 2, 900, 900, 128, 128, 0, 0.f, MB, 3, 0, 0, 0, 1},
+      {"hop bf16 d64 tail Sk100 addmask gqa3", BF, 2, 9, 3, 1200, 100, 64, 64, 0, 0.f, MA, 2, 0, 0, 0, 1},
+      {"hop f16 d64 tail causal1 gqa3", H, 1, 12, 4, 1500, 1500, 64, 64, 1, 0.f, N, 0, 0, 1, 0, 1},
+      {"hop f16 d64 tail quick 140x64", H, 2, 70, 14, 64, 130, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 1},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -515,11 +539,11 @@ int main(int argc, char** argv) {
   const bool hopper_expected = false;
 #endif
   // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
-  // key-split cases and a classified padding mask; the persistent-grid cases are too large for
-  // racecheck's pace.
+  // key-split cases, a classified padding mask and a small tail split (140 short items); the other
+  // persistent-grid cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
-                                "hop f16 d64 boolpad causal1 gqa3 kl32"};
+                                "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 tail quick 140x64"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
@@ -532,6 +556,7 @@ int main(int argc, char** argv) {
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
       if (c.persist) setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
       if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
+      if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
       // Runs that fail print their own line; the count of them comes from those lines.
       std::mt19937 srng(hseed);
       const int bad = run_case(c, srng, stream, runs) ? 0 : 1;
