@@ -500,13 +500,14 @@ int main(int argc, char** argv) {
       // last, partial round's items are split by key tiles and merged in distributed shared memory.
       // Row-tile counts for 132 SMs (H100 / H200; G = 132): the seed B=1 H=12 S=2048 (192, tail
       // 60); 195 with a tail of 63 (odd: the last cluster of the round has an item, the next none),
-      // GQA 5, key_lengths with batch 0 at 0 (items without key tiles: both halves empty); D=128
+      // MQA, causal 2 with Sq - Sk = 200 (row tile 0 has no key tile: both halves empty; the others
+      // one: rank 0 empty), key_lengths (batch 3 random, 4 clamped, in the tail); D=128
       // with a (B,1,1,Sk) bool padding mask (192), GQA 2, Sk = 900 (not a multiple of 128); Sk =
       // 100 (one key tile: rank 0, which stores, gets none, rank 1 all) with an additive mask;
       // causal 1 (forced: 144 row tiles, items of 1..12 key tiles, the lightest split 0 / 1);
       // a small one for --quick (140 items of 2 key tiles, Sk = 130).
       {"hop f16 d64 tail seed 12x2048", H, 1, 12, 12, 2048, 2048, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 1},
-      {"hop bf16 d128 tail odd gqa5 kl32", BF, 3, 65, 13, 100, 700, 128, 128, 0, 0.f, N, 0, 32, 1, 0, 1},
+      {"hop bf16 d128 tail odd causal2 mqa kl32", BF, 5, 13, 1, 300, 100, 128, 128, 2, 0.f, N, 0, 32, 1, 0, 1},
       {"hop f16 d128 tail boolpad gqa2 900", H, 6, 4, 2, 900, 900, 128, 128, 0, 0.f, MB, 3, 0, 0, 0, 1},
       {"hop bf16 d64 tail Sk100 addmask gqa3", BF, 2, 9, 3, 1200, 100, 64, 64, 0, 0.f, MA, 2, 0, 0, 0, 1},
       {"hop f16 d64 tail causal1 gqa3", H, 1, 12, 4, 1500, 1500, 64, 64, 1, 0.f, N, 0, 0, 1, 0, 1},
