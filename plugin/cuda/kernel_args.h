@@ -64,7 +64,9 @@ struct Plan {
                         // (batch, kv head) form a thread-block cluster and merge in distributed
                         // shared memory (flash_decode.cuh; no combine launch); 1 otherwise.
                         // kHopper: > 1 = that many key splits per row tile, one cluster per tile,
-                        // merged in distributed shared memory (num_splits stays 1: no workspace)
+                        // merged in distributed shared memory (num_splits stays 1: no workspace);
+                        // with persistent > 0: 2 = the tail split (only the last, partial round's
+                        // row tiles split between the two blocks of a cluster, choose_plan)
   int persistent = 0;   // kHopper: > 0 = a persistent grid of that many blocks looping over the row
                         // tiles (when there are more tiles than blocks); 0 = one block per tile
 };
