@@ -361,10 +361,22 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     plan.cluster = plan.num_splits;
   if (allow_hopper && hopper_decode_eligible(p, dev, plan)) {
     plan.kind = KernelKind::kHopperDecode;
-    plan.cluster = plan.num_splits > 1 && plan.num_splits <= 8 && !env_flag("OPSFUSE_CUDA_DECODE_NO_CLUSTER") &&
-                           hopper_decode_clusters(p, plan, plan.num_splits) >= blocks
-                       ? plan.num_splits
-                       : 1;
+    const bool clusters_allowed = !env_flag("OPSFUSE_CUDA_DECODE_NO_CLUSTER");
+    auto fits = [&](int s) { return s > 1 && s <= 8 && hopper_decode_clusters(p, plan, s) >= blocks; };
+    plan.cluster = clusters_allowed && fits(plan.num_splits) ? plan.num_splits : 1;
+    // Short key sequences (<= 32 key tiles per (batch, kv head)), whose time is mostly the fixed
+    // launch-to-result part: fewer splits whose clusters fit (no combine launch) beat the fill-every-
+    // slot count. Measured on the H200 (2026-11-29, B=8 Hq=32 Hkv=8, 64 (batch, kv head) pairs):
+    // Sk=1024 4 splits + combine 18.3 us, 3 splits in clusters 15.8 (cuDNN 15.1); at Sk=8192 the
+    // same change costs (70.6 -> 72.8 us), so long sequences keep the slot-filling count.
+    if (clusters_allowed && plan.cluster == 1 && plan.num_splits > 2 && n_tiles <= 32 &&
+        std::getenv("OPSFUSE_CUDA_DECODE_SPLITS") == nullptr) {
+      for (int s = plan.num_splits - 1; s >= 2; --s)
+        if (fits(s)) {
+          plan.num_splits = plan.cluster = s;
+          break;
+        }
+    }
   }
   if (allow_hopper && hopper_eligible(p, dev, plan)) {
     // hopper/hopper_fwd.cuh: 128 query rows of one (batch, query head) per block, 128-key tiles.
