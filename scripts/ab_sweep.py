@@ -6,14 +6,16 @@ notes in docs/notes/cuda_kernel.md quote its output).
 
 Each argument after the grid is one variant: comma-separated NAME=VALUE pairs set while that
 variant is captured (D=1 is a no-op: the defaults). Issue 5's decode shapes (B=8, Hq=32, Hkv 8 / 32,
-Sk 1024 / 8192 / 32768, D=128, bf16) or its prefill and seed shapes, each timed as the median of 7
-CUDA-graph replays of >= 10 calls over rotated input sets (>= 256 MB, so that L2 does not flatter
-anyone), with PyTorch's cuDNN SDPA backend on the same inputs first."""
+Sk 1024 / 8192 / 32768, D=128, bf16) or its prefill and seed shapes, each timed by the benchmark's
+graph timer (opsfuse.bench.cuda.time_graph: the median of 7 CUDA-graph replays of >= 10 calls) over
+rotated input sets (>= 256 MB, so that L2 does not flatter anyone), with PyTorch's cuDNN SDPA
+backend on the same inputs first."""
 import os
 import sys
 import torch
 import torch.nn.functional as F
 import opsfuse.cuda as oc
+from opsfuse.bench.cuda import time_graph as bench_time_graph
 
 SHAPES = [(8, 32, 8, 1024), (8, 32, 8, 8192), (8, 32, 8, 32768), (8, 32, 32, 1024), (8, 32, 32, 8192), (8, 32, 32, 32768)]
 # prefill: (B, H, S, D, dtype, causal)
@@ -35,30 +37,9 @@ def sets_for(b, hq, hkv, sk):
     return out
 
 
-def time_graph(fn, sets, calls=None):
-    calls = calls or max(10, len(sets))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(*sets[i % len(sets)])
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(*sets[i % len(sets)])
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(7):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1000 / calls)
-    ts.sort()
-    return ts[len(ts) // 2]
+def time_graph(fn, sets):
+    """Median µs per call of `fn` over the rotated input sets (the benchmark's own graph timer)."""
+    return bench_time_graph(torch, [lambda s=s: fn(*s) for s in sets], repeat=7)
 
 
 def cudnn(q, k, v, causal=False):

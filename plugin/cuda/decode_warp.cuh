@@ -341,8 +341,26 @@ __device__ __forceinline__ void cluster_merge_store(const MergeSmem<kD>& m, cons
 #endif
 }
 
-// Host side. Launches a decode kernel on grid (batch * heads_kv, 1, splits), as clusters of the
-// `cluster` splits of one (batch, kv head) when cluster > 1 (then cluster == splits: choose_plan).
+// Host side. A launch configuration whose clusters are `cluster` blocks along z (the splits of one
+// (batch, kv head)); `attr` must outlive the configuration's use.
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, int threads, int smem, int cluster, cudaStream_t stream,
+                                                cudaLaunchAttribute* attr) {
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = 1;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = static_cast<unsigned>(cluster);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Launches a decode kernel on grid (batch * heads_kv, 1, splits), as clusters of the `cluster`
+// splits of one (batch, kv head) when cluster > 1 (then cluster == splits: choose_plan).
 template <typename Kernel, typename... Args>
 cudaError_t launch_decode_grid(Kernel kernel, dim3 grid, int threads, int smem, int cluster, cudaStream_t stream,
                                Args... args) {
@@ -351,18 +369,8 @@ cudaError_t launch_decode_grid(Kernel kernel, dim3 grid, int threads, int smem, 
     return cudaGetLastError();
   }
   if (static_cast<unsigned>(cluster) != grid.z) return cudaErrorInvalidValue;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = static_cast<unsigned>(cluster);
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, threads, smem, cluster, stream, &attr);
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
@@ -379,17 +387,9 @@ int query_active_clusters(Kernel kernel, int threads, int smem, int cluster) {
     return 0;
   }
   if (fa.ptxVersion < 90 || fa.binaryVersion < 90) return 0;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = static_cast<unsigned>(cluster);
-  cfg.gridDim = dim3(1, 1, static_cast<unsigned>(cluster));
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      cluster_launch_config(dim3(1, 1, static_cast<unsigned>(cluster)), threads, smem, cluster, nullptr, &attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it so that the next launch does not report it
