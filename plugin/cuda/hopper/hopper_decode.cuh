@@ -7,10 +7,11 @@
 // synchronizes the block per tile; profiled on the H200 (ncu, B=8 Hq=32 Hkv=8 Sk=8192) it issued
 // ~1300 instructions per warp per 64-key tile and streamed K/V at 67 % of DRAM bandwidth. Here:
 //  - a producer warpgroup (warps 4-7, registers given away with setmaxnreg; one thread works) loads
-//    each tile's K and V with TMA (one
-//    cp.async.bulk.tensor per 64-column region: 2 per tensor at D = 128) into a kStages-deep ring
-//    of 128-byte-swizzled stages, each with a "full" mbarrier (transaction bytes) and an "empty"
-//    mbarrier the 4 compute warps release -- no per-tile block barrier, no per-thread copies;
+//    each tile's K and V with TMA (one cp.async.bulk.tensor per 64-column region: 2 per tensor at
+//    D = 128; 128-byte L2 promotion and an evict-first policy, see launch_hopper_decode) into a
+//    kStages-deep ring of 128-byte-swizzled stages, each with a "full" mbarrier (transaction bytes)
+//    and an "empty" mbarrier the 4 compute warps release -- no per-tile block barrier, no per-thread
+//    copies;
 //  - the 4 compute warps do decode_warp.cuh's work on each tile (the same as the portable kernel),
 //    reading the swizzled layout: chunk c of row r of a region sits at r * 128 + ((c ^ r % 8) * 16),
 //    so ldmatrix's 8 rows of one column chunk hit 8 distinct bank groups;
