@@ -232,27 +232,22 @@ bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, con
   return items / g == 1 && p.is_causal == 0 && p.key_lengths == nullptr;
 }
 
-// Decode cluster merge (flash_decode.cuh): how many clusters of `cluster` blocks of the decode
-// kernel for this dtype / bucket / ring depth fit on the device at once (0: not compiled for sm_90).
+// Decode cluster merge: how many clusters of `cluster` blocks of the plan's decode kernel
+// (flash_decode.cuh for this ring depth, or hopper/hopper_decode.cuh) for this dtype / bucket fit on
+// the device at once (0: not compiled for sm_90).
 int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
   using namespace detail;
   const bool h = p.dtype == DType::kFloat16;
+  if (plan.kind == KernelKind::kHopperDecode) {
+#ifdef OPSFUSE_CUDA_HOPPER
+    if (plan.bucket == 64) return h ? clusters_hopper_dec_f16_d64(cluster) : clusters_hopper_dec_bf16_d64(cluster);
+    if (plan.bucket == 128) return h ? clusters_hopper_dec_f16_d128(cluster) : clusters_hopper_dec_bf16_d128(cluster);
+#endif
+    return 0;
+  }
   if (plan.bucket == 64) return h ? clusters_tcdec_f16_d64(plan.stages, cluster) : clusters_tcdec_bf16_d64(plan.stages, cluster);
   if (plan.bucket == 128)
     return h ? clusters_tcdec_f16_d128(plan.stages, cluster) : clusters_tcdec_bf16_d128(plan.stages, cluster);
-  return 0;
-}
-
-// The same for the sm_90 decode kernel (hopper/hopper_decode.cuh), 0 where it is not compiled.
-int hopper_decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
-#ifdef OPSFUSE_CUDA_HOPPER
-  using namespace detail;
-  const bool h = p.dtype == DType::kFloat16;
-  if (plan.bucket == 64) return h ? clusters_hopper_dec_f16_d64(cluster) : clusters_hopper_dec_bf16_d64(cluster);
-  if (plan.bucket == 128) return h ? clusters_hopper_dec_f16_d128(cluster) : clusters_hopper_dec_bf16_d128(cluster);
-#else
-  (void)p, (void)plan, (void)cluster;
-#endif
   return 0;
 }
 
@@ -273,8 +268,9 @@ int hopper_decode_clusters(const AttentionParams& p, const Plan& plan, int clust
 //  cudaOccupancyMaxActiveClusters) and OPSFUSE_CUDA_DECODE_NO_CLUSTER is not 1 (tests: the
 //  workspace + combine path). workspace_size() still counts the split workspace (a superset).
 //  Hopper decode (allow_hopper, hopper_decode_eligible()): a decode plan becomes
-//  KernelKind::kHopperDecode with the same splits (its blocks are as resident: two per SM), merged
-//  in a cluster under the same rule as above, else by the combine kernel.
+//  KernelKind::kHopperDecode with the same splits (its blocks are as resident: two per SM), under
+//  the same cluster rule (its own occupancy); short key sequences may take fewer splits whose
+//  clusters fit (measured below).
 //  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
 //  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), whose
 //  partial last round may be split by keys in clusters of 2, hopper_tail_split() (plan.cluster = 2
@@ -356,21 +352,20 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     }
   }
   plan.num_splits = std::max(1, std::min(splits, 128));
-  if (plan.kind == KernelKind::kTensorCoreDecode && plan.num_splits > 1 && plan.num_splits <= 8 && dev.cc >= 90 &&
-      !env_flag("OPSFUSE_CUDA_DECODE_NO_CLUSTER") && decode_clusters(p, plan, plan.num_splits) >= blocks)
-    plan.cluster = plan.num_splits;
-  if (allow_hopper && hopper_decode_eligible(p, dev, plan)) {
-    plan.kind = KernelKind::kHopperDecode;
-    const bool clusters_allowed = !env_flag("OPSFUSE_CUDA_DECODE_NO_CLUSTER");
-    auto fits = [&](int s) { return s > 1 && s <= 8 && hopper_decode_clusters(p, plan, s) >= blocks; };
-    plan.cluster = clusters_allowed && fits(plan.num_splits) ? plan.num_splits : 1;
-    // Short key sequences (<= 32 key tiles per (batch, kv head)), whose time is mostly the fixed
-    // launch-to-result part: fewer splits whose clusters fit (no combine launch) beat the fill-every-
-    // slot count. Measured on the H200 (2026-11-29, B=8 Hq=32 Hkv=8, 64 (batch, kv head) pairs):
-    // Sk=1024 4 splits + combine 18.3 us, 3 splits in clusters 15.8 (cuDNN 15.1); at Sk=8192 the
-    // same change costs (70.6 -> 72.8 us), so long sequences keep the slot-filling count.
-    if (clusters_allowed && plan.cluster == 1 && plan.num_splits > 2 && n_tiles <= 32 &&
-        std::getenv("OPSFUSE_CUDA_DECODE_SPLITS") == nullptr) {
+  if (allow_hopper && hopper_decode_eligible(p, dev, plan)) plan.kind = KernelKind::kHopperDecode;
+  const bool decode = plan.kind == KernelKind::kTensorCoreDecode || plan.kind == KernelKind::kHopperDecode;
+  if (decode && dev.cc >= 90 && !env_flag("OPSFUSE_CUDA_DECODE_NO_CLUSTER")) {
+    auto fits = [&](int s) { return s > 1 && s <= 8 && decode_clusters(p, plan, s) >= blocks; };
+    if (fits(plan.num_splits)) {
+      plan.cluster = plan.num_splits;
+    } else if (plan.kind == KernelKind::kHopperDecode && plan.num_splits > 2 && n_tiles <= 32 &&
+               std::getenv("OPSFUSE_CUDA_DECODE_SPLITS") == nullptr) {
+      // Short key sequences (<= 32 key tiles per (batch, kv head)) on the TMA decode kernel, whose
+      // time is mostly the fixed launch-to-result part: fewer splits whose clusters fit (no
+      // combine launch) beat the fill-every-slot count. Measured on the H200 (2026-11-29, B=8
+      // Hq=32 Hkv=8, 64 (batch, kv head) pairs): Sk=1024 4 splits + combine 18.3 us, 3 splits in
+      // clusters 15.8 (cuDNN 15.1); at Sk=8192 the same change costs (70.6 -> 72.8 us), so long
+      // sequences keep the slot-filling count.
       for (int s = plan.num_splits - 1; s >= 2; --s)
         if (fits(s)) {
           plan.num_splits = plan.cluster = s;
