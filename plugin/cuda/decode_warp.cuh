@@ -376,27 +376,5 @@ cudaError_t launch_decode_grid(Kernel kernel, dim3 grid, int threads, int smem, 
   return cudaGetLastError();
 }
 
-// How many clusters of `cluster` blocks of `kernel` (threads, smem bytes, its attributes already
-// set) can be resident at once (cudaOccupancyMaxActiveClusters: a cluster's blocks share one GPC);
-// 0 where the kernel has no sm_90 code (binary or PTX older than 9.0) or the query fails.
-template <typename Kernel>
-int query_active_clusters(Kernel kernel, int threads, int smem, int cluster) {
-  cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (fa.ptxVersion < 90 || fa.binaryVersion < 90) return 0;
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg =
-      cluster_launch_config(dim3(1, 1, static_cast<unsigned>(cluster)), threads, smem, cluster, nullptr, &attr);
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();  // not sticky: clear it so that the next launch does not report it
-    return 0;
-  }
-  return n;
-}
-
 }  // namespace dec
 }  // namespace opsfuse::cuda::detail

@@ -176,27 +176,17 @@ cudaError_t launch_flash_decode(const KernelArgs& a, const Plan& plan, cudaStrea
 }
 
 // How many clusters of `cluster` (2..8) blocks (the splits of one (batch, kv head)) of a `stages`
-// deep decode kernel can be resident at once on the current device (cudaOccupancyMaxActiveClusters:
-// blocks of a cluster share one GPC), 0 where the kernel has no cluster merge compiled (binary or PTX
-// older than sm_90) or the query fails. Cached per device (host-side attribute and occupancy queries
-// only: no synchronization, no stream work).
+// deep decode kernel can be resident at once on the current device (max_active_clusters_cached).
 template <typename T, int kD>
 int max_active_clusters(int stages, int cluster) {
   if (stages < 2 || stages > kMaxStages || cluster < 2 || cluster > 8) return 0;
-  static int cache[kMaxStages + 1][9][64] = {};  // value + 1, 0 = not asked yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (dev < 64) {
-    const int c = __atomic_load_n(&cache[stages][cluster][dev], __ATOMIC_ACQUIRE);
-    if (c > 0) return c - 1;
-  }
+  static int cache[kMaxStages + 1][9][64] = {};
   if (prepare_kernel<T, kD>(stages) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  const int n = query_active_clusters(flash_decode_kernel<T, kD>, kThreads, smem_bytes(kD, stages), cluster);
-  if (dev < 64) __atomic_store_n(&cache[stages][cluster][dev], n + 1, __ATOMIC_RELEASE);
-  return n;
+  return max_active_clusters_cached(cache[stages][cluster], flash_decode_kernel<T, kD>, kThreads, smem_bytes(kD, stages),
+                                    cluster);
 }
 
 }  // namespace dec

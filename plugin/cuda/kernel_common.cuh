@@ -171,6 +171,44 @@ cudaError_t ensure_max_shared_carveout(Kernel kernel, int* done_per_device) {
   return err;
 }
 
+// Host side: how many clusters of `cluster` blocks of `kernel` (threads, smem bytes; its shared-
+// memory attributes already set) can be resident at once (cudaOccupancyMaxActiveClusters: a
+// cluster's blocks share one GPC); 0 where the kernel has no sm_90 code (binary or PTX older than
+// 9.0) or the query fails. Cached per device in `cache` (64 entries, value + 1, 0 = not asked yet):
+// host-side attribute and occupancy queries only, no synchronization, no stream work.
+template <typename Kernel>
+int max_active_clusters_cached(int* cache, Kernel kernel, int threads, int smem, int cluster) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < 64) {
+    const int c = __atomic_load_n(&cache[dev], __ATOMIC_ACQUIRE);
+    if (c > 0) return c - 1;
+  }
+  int n = 0;
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+  } else if (fa.ptxVersion >= 90 && fa.binaryVersion >= 90) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it so that the next launch does not report it
+      n = 0;
+    }
+  }
+  if (dev < 64) __atomic_store_n(&cache[dev], n + 1, __ATOMIC_RELEASE);
+  return n;
+}
+
 // Thread-block cluster (sm_90; the decode kernel's and the Hopper kernel's split merges): the rank
 // of this block, a cluster-wide barrier (release / acquire: shared-memory writes before it are
 // visible to every block of the cluster after it; every thread of every block must take part), and

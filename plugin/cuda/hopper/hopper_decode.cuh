@@ -208,25 +208,17 @@ cudaError_t launch_hopper_decode(const KernelArgs& a, const Plan& plan, cudaStre
 }
 
 // How many clusters of `cluster` (2..8) blocks of the kernel fit on the current device at once
-// (dec::query_active_clusters); cached per device.
+// (max_active_clusters_cached).
 template <typename T, int kD>
 int hopper_decode_active_clusters(int cluster) {
   if (cluster < 2 || cluster > 8) return 0;
-  static int cache[9][64] = {};  // value + 1, 0 = not asked yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (dev < 64) {
-    const int c = __atomic_load_n(&cache[cluster][dev], __ATOMIC_ACQUIRE);
-    if (c > 0) return c - 1;
-  }
+  static int cache[9][64] = {};
   if (prepare_hopper_decode<T, kD>() != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  const int n = dec::query_active_clusters(hopper_dec::hopper_decode_kernel<T, kD>, hopper_dec::kThreads,
-                                           hopper_dec::Config<kD>::kSmem, cluster);
-  if (dev < 64) __atomic_store_n(&cache[cluster][dev], n + 1, __ATOMIC_RELEASE);
-  return n;
+  return max_active_clusters_cached(cache[cluster], hopper_dec::hopper_decode_kernel<T, kD>, hopper_dec::kThreads,
+                                    hopper_dec::Config<kD>::kSmem, cluster);
 }
 
 }  // namespace opsfuse::cuda::detail

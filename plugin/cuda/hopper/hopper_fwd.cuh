@@ -914,18 +914,8 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     // tail_grid / 2 co-resident clusters (cudaOccupancyMaxActiveClusters, asked once per device
     // and instantiation); where the device holds fewer (an SM whose GPC partner is unavailable),
     // the plain persistent grid runs instead.
-    static int clusters_cache[4][64] = {};  // value + 1, 0 = not asked yet
-    int dev = 0;
-    err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) return err;
-    int fit = dev < 64 ? __atomic_load_n(&clusters_cache[mode][dev], __ATOMIC_ACQUIRE) - 1 : -1;
-    if (fit < 0) {
-      if (cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();  // not sticky: clear it so that the launch does not report it
-        fit = 0;
-      }
-      if (dev < 64) __atomic_store_n(&clusters_cache[mode][dev], fit + 1, __ATOMIC_RELEASE);
-    }
+    static int clusters_cache[4][64] = {};
+    const int fit = max_active_clusters_cached(clusters_cache[mode], kernel, hopper::kThreads, Cfg::kSmem, 2);
     if (2 * static_cast<int64_t>(fit) < tail_grid) {
       kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
             a, tq, tk, tv, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX);
