@@ -144,3 +144,19 @@ def assert_onnx_shape_inference_rejects(q_shape, k_shape, v_shape, attrs: dict, 
         assert "FusedAttention" in text and "bad" in text and expected in text, text
     else:
         raise AssertionError(f"shape inference accepted a bad node: {attrs}, expecting '{expected}'")
+
+
+def call_kwargs(kwargs: dict, hq: int, hkv: int) -> dict:
+    """The keywords of a 3-D / packed FusedAttention call from a test's keywords: the optional
+    inputs (attn_mask, key_lengths) and attributes (scale, is_causal, softcap) that were given, and
+    the two head counts."""
+    given = {n: kwargs[n] for n in ("attn_mask", "key_lengths", "scale", "is_causal", "softcap")
+             if kwargs.get(n) is not None}
+    return {**given, contract.ATTR_Q_NUM_HEADS: hq, contract.ATTR_KV_NUM_HEADS: hkv}
+
+
+def reference_kwargs(kwargs: dict) -> dict:
+    """accuracy.assert_within_2x_torch's keywords for the same call (the contract's defaults for
+    what was not given)."""
+    return dict(attn_mask=kwargs.get("attn_mask"), key_lengths=kwargs.get("key_lengths"), scale=kwargs.get("scale"),
+                is_causal=kwargs.get("is_causal") or 0, softcap=kwargs.get("softcap") or 0.0)

@@ -14,7 +14,8 @@ from onnx import TensorProto, helper
 
 from accuracy import assert_within_2x_torch, random_mask
 from onnx_attention_reference import OVERLAP_CASES, TOLERANCE, case_attributes, case_id, case_mask, onnx_attention
-from ort_helpers import assert_onnx_shape_inference_rejects, FusedAttentionRunner, fused_attention_model
+from ort_helpers import (assert_onnx_shape_inference_rejects, call_kwargs, FusedAttentionRunner, fused_attention_model,
+                         reference_kwargs)
 from opsfuse import contract, schema
 from opsfuse.ort_session import make_session
 from opsfuse.reference import attention_reference, merge_heads, split_heads
@@ -41,18 +42,15 @@ def check_3d(run, q, k, v, hq, hkv, what, **kwargs):
     4-D views of the same data) and bitwise equality with the 4-D form on the same data."""
     b, sq, _ = q.shape
     dv = v.shape[2] // hkv
-    heads = {contract.ATTR_Q_NUM_HEADS: hq, contract.ATTR_KV_NUM_HEADS: hkv}
-    attrs = {n: kwargs[n] for n in ("scale", "is_causal", "softcap") if kwargs.get(n) is not None}
-    inputs = {n: kwargs[n] for n in ("attn_mask", "key_lengths") if kwargs.get(n) is not None}
-    out3 = run(q, k, v, **inputs, **attrs, **heads)
+    call = call_kwargs(kwargs, hq, hkv)
+    out3 = run(q, k, v, **call)
     assert out3.shape == (b, sq, hq * dv), f"{what}: Y has shape {out3.shape}"
     assert out3.dtype == q.dtype
     q4, k4, v4 = split_heads(q, hq), split_heads(k, hkv), split_heads(v, hkv)
     out4_view = split_heads(out3, hq)
-    assert_within_2x_torch(out4_view, q4, k4, v4, attn_mask=kwargs.get("attn_mask"),
-                           key_lengths=kwargs.get("key_lengths"), scale=kwargs.get("scale"),
-                           is_causal=kwargs.get("is_causal") or 0, softcap=kwargs.get("softcap") or 0.0, what=what)
-    out4 = run(np.ascontiguousarray(q4), np.ascontiguousarray(k4), np.ascontiguousarray(v4), **inputs, **attrs)
+    assert_within_2x_torch(out4_view, q4, k4, v4, **reference_kwargs(kwargs), what=what)
+    without_heads = {n: x for n, x in call.items() if n not in (contract.ATTR_Q_NUM_HEADS, contract.ATTR_KV_NUM_HEADS)}
+    out4 = run(np.ascontiguousarray(q4), np.ascontiguousarray(k4), np.ascontiguousarray(v4), **without_heads)
     np.testing.assert_array_equal(out3.view(np.uint8), merge_heads(out4).view(np.uint8),
                                   err_msg=f"{what}: 3-D and 4-D forms differ on the same data")
     return out3

@@ -15,7 +15,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from accuracy import assert_within_2x_torch, random_mask
-from ort_helpers import assert_onnx_shape_inference_rejects, ONNX_TYPE, FusedAttentionRunner, run_session
+from ort_helpers import (assert_onnx_shape_inference_rejects, call_kwargs, ONNX_TYPE, FusedAttentionRunner,
+                         reference_kwargs, run_session)
 from opsfuse import contract, schema
 from opsfuse.ort_session import make_session
 from opsfuse.reference import attention_reference, packed_qkv_windows, split_heads
@@ -94,19 +95,14 @@ def check_packed(packed, unpacked, p, hq, hkv, what, k=None, v=None, **kwargs):
     form on contiguous copies of the windows."""
     b, s, width = p.shape
     d = width // (hq + 2 * hkv)
-    heads = {contract.ATTR_Q_NUM_HEADS: hq, contract.ATTR_KV_NUM_HEADS: hkv}
-    attrs = {n: kwargs[n] for n in ("scale", "is_causal", "softcap") if kwargs.get(n) is not None}
-    inputs = {n: kwargs[n] for n in ("attn_mask", "key_lengths") if kwargs.get(n) is not None}
-    out = packed(p, k, v, **inputs, **attrs, **heads)
+    call = call_kwargs(kwargs, hq, hkv)
+    out = packed(p, k, v, **call)
     assert out.shape == (b, s, hq * d), f"{what}: Y has shape {out.shape}"
     assert out.dtype == p.dtype
     qw, kw, vw = packed_qkv_windows(p, p if k is None else k, p if v is None else v, hq, hkv)
     assert_within_2x_torch(split_heads(out, hq), split_heads(qw, hq), split_heads(kw, hkv), split_heads(vw, hkv),
-                           attn_mask=kwargs.get("attn_mask"), key_lengths=kwargs.get("key_lengths"),
-                           scale=kwargs.get("scale"), is_causal=kwargs.get("is_causal") or 0,
-                           softcap=kwargs.get("softcap") or 0.0, what=what)
-    out3 = unpacked(np.ascontiguousarray(qw), np.ascontiguousarray(kw), np.ascontiguousarray(vw), **inputs, **attrs,
-                    **heads)
+                           **reference_kwargs(kwargs), what=what)
+    out3 = unpacked(np.ascontiguousarray(qw), np.ascontiguousarray(kw), np.ascontiguousarray(vw), **call)
     np.testing.assert_array_equal(out.view(np.uint8), out3.view(np.uint8),
                                   err_msg=f"{what}: packed and unpacked 3-D forms differ on the same windows")
     return out
