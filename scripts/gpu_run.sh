@@ -152,7 +152,7 @@ if want bench; then
   rm -rf "$OUTDIR/bench"
 fi
 if want bert; then
-  stage bert $PY -m opsfuse.bench.bert --out "$OUTDIR/bert" --device cuda $QUICK
+  stage bert $PY -m opsfuse.bench.bert --out "$OUTDIR/bert" --device cuda --trace $QUICK
   for f in bert_e2e.json bert_e2e.md; do
     [ -f "$OUTDIR/bert/$f" ] && cp "$OUTDIR/bert/$f" "$OUTDIR/$f"
   done

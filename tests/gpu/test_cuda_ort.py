@@ -200,3 +200,26 @@ def test_ort_cuda_ep_packed_qkv(ort, case):
     q, k, v = heads(0, hq), heads(hq, hkv), heads(hq + hkv, hkv)
     assert_within_2x_torch(out, q, k, v, mask, None, attrs.get("scale"), attrs.get("is_causal", 0),
                            attrs.get("softcap", 0.0), what=f"ORT CUDA EP, packed Q/K/V (seed {seed})")
+
+
+def test_kernel_trace_sees_the_ort_launched_kernel(ort):
+    """The benchmarks' kernel trace (opsfuse.bench.kernel_trace) must see kernels ORT launches, not
+    only torch's: one opsfuse kernel per session.run, with a positive GPU time."""
+    import torch
+
+    from opsfuse.bench.kernel_trace import trace_kernels
+
+    rng, _ = fresh_rng()
+    q, k, v = random_inputs(rng, np.float16, 1, 4, 4, 256, 256, 64, 64)
+    session = cuda_session(ort, fused_attention_model(np.float16, None, 0, None))
+    binding = session.io_binding()
+    tensors = {"Q": to_device(q), "K": to_device(k), "V": to_device(v)}
+    for name, t in tensors.items():
+        bind(binding, name, t, np.float16)
+    out = poisoned((1, 4, 256, 64), np.float16)
+    binding.bind_output("Y", "cuda", 0, np.float16, list(out.shape), out.data_ptr())
+    trace = trace_kernels(torch, lambda: session.run_with_iobinding(binding), rounds=3, top=50)
+    ours = [r for r in trace["top"] if "opsfuse" in r["name"]]
+    assert ours, f"no attention kernel in the trace: {[r['name'] for r in trace['top']]}"
+    assert all(r["us"] > 0 for r in ours) and trace["gpu_us"] > 0
+    assert abs(sum(r["per_round"] for r in ours) - 1.0) < 1e-9, ours

@@ -532,6 +532,17 @@ def markdown(result: dict) -> str:
               f"{FLOOR[m['dtype']]:.0e}) of the float32 reference and within {CAP[m['dtype']]:.0e} of the unfused "
               "model (relative L2); a model that fails gets no time.",
               f"Padded row lengths per S: {json.dumps(m['lengths'])}"]
+    traced = [row for row in result["timings"] if row.get("kernels")]
+    if traced:
+        lines += ["", "## GPU time per session.run by kernel (--trace; PyTorch profiler, us per run)", ""]
+        for row in traced:
+            lines.append(f"### S={row['seq']}, mask {row['mask']}")
+            lines.append("")
+            for name, tr in row["kernels"].items():
+                lines.append(f"- **{name}**: {tr['gpu_us']:.1f} us GPU in {tr['launches']:.0f} launches; "
+                             + "; ".join(f"{r['us']:.1f} x{r['per_round']:.0f} `{r['name'][:60]}`"
+                                         for r in tr["top"][:8]))
+            lines.append("")
     if result.get("errors"):
         lines += ["", "## Errors", ""] + [f"- {e}" for e in result["errors"]]
     return "\n".join(lines) + "\n"
@@ -716,6 +727,13 @@ def run(args) -> int:
                 row = {"seq": seq, "mask": mask, "batch": args.batch, "ms": ms, "stats": stats,
                        "speedup_vs_ort_optimized": speed,
                        "issue7_reference_ms": {k: v.get(seq) for k, v in REFERENCE_MS.items()}}
+                if args.trace and device == "cuda":
+                    from .kernel_trace import format_trace, trace_kernels
+
+                    row["kernels"] = {}
+                    for n, sess in timed.items():
+                        row["kernels"][n] = trace_kernels(torch, lambda sess=sess: sess.run(None, feeds))
+                        log(f"kernels S={seq} {mask} {n}:\n{format_trace(row['kernels'][n])}")
                 result["timings"].append(row)
                 log(f"B={args.batch} S={seq:4d} {mask:6s} " +
                     "  ".join(f"{n} {_fmt_ms(ms[n])} ms" for n in MODELS) +
@@ -772,6 +790,9 @@ def parser() -> argparse.ArgumentParser:
                         "float16 graphs where ORT's CPU EP inserts casts: not a measurement)")
     p.add_argument("--threads", type=int, default=None, help="ORT intra-op threads (CPU runs)")
     p.add_argument("--tmp", default=None, help="where the temporary models go (default: the system temp folder)")
+    p.add_argument("--trace", action="store_true",
+                   help="after timing, GPU time per kernel of each model's session.run (PyTorch's profiler; "
+                        "cuda only): where each model's time goes")
     p.add_argument("--keep-models", action="store_true", help="keep the temporary models (their folder is printed)")
     p.add_argument("--quick", action="store_true", help="a tiny BERT: a test of the logic, not a measurement")
     return p

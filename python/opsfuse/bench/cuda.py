@@ -41,7 +41,7 @@ def _bytes(b, hq, hkv, sq, sk, d, esize):
     return esize * (2 * b * hq * sq * d + 2 * b * hkv * sk * d)
 
 
-def _n_sets(set_bytes, cap=8):
+def n_sets(set_bytes, cap=8):
     return int(max(1, min(cap, math.ceil(ROTATE_BYTES / max(set_bytes, 1)))))
 
 
@@ -124,7 +124,7 @@ def time_host(torch, calls, repeat, warmup=10):
 
 # --- ONNX Runtime graphs ------------------------------------------------------------------------
 
-def _ort_models(dtype_name, b, h, s, d):
+def ort_models(dtype_name, b, h, s, d):
     """The four ORT variants of one seed point: name -> (ModelProto, input layout)."""
     import onnx
     from onnx import TensorProto, helper
@@ -165,10 +165,13 @@ def _ort_models(dtype_name, b, h, s, d):
             "ORT Attention-23": (att23, "bhsd"), "opsfuse via ORT": (fused, "bhsd")}
 
 
-def _ort_time(ort, torch, name, model, layout, tensors_sets, out_shape, torch_dtype, np_dtype, repeat):
+def ort_bound_calls(ort, torch, name, model, layout, tensors_sets, out_shape, torch_dtype, np_dtype,
+                    session_options=None):
+    """An ORT CUDA session of ``model`` and one run_with_iobinding call per input set (device buffers).
+    Returns (calls, outputs, providers, session)."""
     import opsfuse
 
-    so = ort.SessionOptions()
+    so = session_options or ort.SessionOptions()
     if name.startswith("opsfuse"):
         so.register_custom_ops_library(opsfuse.get_library_path())
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
@@ -188,6 +191,12 @@ def _ort_time(ort, torch, name, model, layout, tensors_sets, out_shape, torch_dt
         bindings.append((bnd, q, k, v))
         outs.append(y)
     calls = [lambda bnd=bnd: sess.run_with_iobinding(bnd[0]) for bnd in bindings]
+    return calls, outs, providers, sess
+
+
+def _ort_time(ort, torch, name, model, layout, tensors_sets, out_shape, torch_dtype, np_dtype, repeat):
+    calls, outs, providers, _ = ort_bound_calls(ort, torch, name, model, layout, tensors_sets, out_shape,
+                                                torch_dtype, np_dtype)
     us = time_host(torch, calls, repeat)
     return us, outs[0], providers
 
@@ -241,7 +250,7 @@ def _point(rows, **kw):
         print(f"{tag}  n/a: {kw.get('error', '')[:100]}", flush=True)
 
 
-def _make_sets(torch, dtype, b, hq, hkv, sq, sk, d, n):
+def make_sets(torch, dtype, b, hq, hkv, sq, sk, d, n):
     g = torch.Generator(device="cuda").manual_seed(1234)
     return [tuple(torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
                   for shape in ((b, hq, sq, d), (b, hkv, sk, d), (b, hkv, sk, d))) for _ in range(n)]
@@ -259,12 +268,12 @@ def run_seed(torch, ort, cuda_mod, rows, repeat, quick):
             b, h, d = 1, 12, 64
             case = f"B=1 H=12 S={s} D=64 {dtype_name}"
             fl, by = _flops(b, h, s, s, d, False), _bytes(b, h, h, s, s, d, esize)
-            sets = _make_sets(torch, tdt, b, h, h, s, s, d, _n_sets(by))
+            sets = make_sets(torch, tdt, b, h, h, s, s, d, n_sets(by))
             base = dict(grid="seed", case=case, dtype=dtype_name, B=b, Hq=h, Hkv=h, Sq=s, Sk=s, D=d, causal=False,
                         flops=fl, bytes=by)
             ref = torch.nn.functional.scaled_dot_product_attention(*(x.double() for x in sets[0]))
             if ort is not None:
-                for name, (model, layout) in _ort_models(dtype_name, b, h, s, d).items():
+                for name, (model, layout) in ort_models(dtype_name, b, h, s, d).items():
                     try:
                         us, y, prov = _ort_time(ort, torch, name, model, layout, sets, (b, h, s, d), tdt, npdt,
                                                 max(repeat * 4, 50))
@@ -347,7 +356,7 @@ def run_prefill(torch, cuda_mod, rows, repeat, quick):
             h, d = 16, 128
             case = f"B={b} H=16 S={s} D=128 bf16{' causal' if causal else ''}"
             fl, by = _flops(b, h, s, s, d, causal), _bytes(b, h, h, s, s, d, 2)
-            sets = _make_sets(torch, torch.bfloat16, b, h, h, s, s, d, _n_sets(by, cap=4))
+            sets = make_sets(torch, torch.bfloat16, b, h, h, s, s, d, n_sets(by, cap=4))
             base = dict(grid="prefill", case=case, dtype="bfloat16", B=b, Hq=h, Hkv=h, Sq=s, Sk=s, D=d, causal=causal,
                         flops=fl, bytes=by)
             _kernel_points_sliced(torch, cuda_mod, rows, base, sets, causal, False, repeat)
@@ -381,7 +390,7 @@ def run_decode(torch, cuda_mod, rows, repeat, quick):
             b, hq, d = 8, 32, 128
             case = f"B=8 Hq=32 Hkv={hkv} Sq=1 Sk={sk} D=128 bf16"
             fl, by = _flops(b, hq, 1, sk, d, False), _bytes(b, hq, hkv, 1, sk, d, 2)
-            sets = _make_sets(torch, torch.bfloat16, b, hq, hkv, 1, sk, d, _n_sets(by))
+            sets = make_sets(torch, torch.bfloat16, b, hq, hkv, 1, sk, d, n_sets(by))
             base = dict(grid="decode", case=case, dtype="bfloat16", B=b, Hq=hq, Hkv=hkv, Sq=1, Sk=sk, D=d, causal=False,
                         flops=fl, bytes=by)
             _kernel_points_sliced(torch, cuda_mod, rows, base, sets, False, hkv != hq, repeat)
@@ -400,7 +409,7 @@ def run_masked(torch, cuda_mod, rows, repeat, quick):
         b, h, d = 8, 12, 64
         case = f"B=8 H=12 S={s} D=64 float16 mask (B,1,S,S)"
         fl, by = _flops(b, h, s, s, d, False), _bytes(b, h, h, s, s, d, 2)
-        sets = _make_sets(torch, torch.float16, b, h, h, s, s, d, _n_sets(by))
+        sets = make_sets(torch, torch.float16, b, h, h, s, s, d, n_sets(by))
         lengths = torch.tensor([s - (i * s) // 16 for i in range(b)], device="cuda")
         keep = torch.arange(s, device="cuda")[None, :] < lengths[:, None]  # (B, Sk)
         mask = torch.zeros(b, 1, s, s, dtype=torch.float16, device="cuda")
