@@ -5,7 +5,8 @@
 // Hopper: when the library was built with CMAKE_CUDA_ARCHITECTURES including 90 (OPSFUSE_CUDA_HOPPER)
 // and the device is compute capability 9.0, choose_plan() takes the sm_90a kernel (hopper/: wgmma,
 // TMA, warp specialization) for the float16/bfloat16 prefill cases it covers (hopper_eligible()).
-// Environment, read at every launch (a benchmark or test can compare both kernels in one process):
+// Environment, read at every launcher call in one pass (read_switches(): a benchmark or test can
+// compare both kernels in one process):
 //   OPSFUSE_CUDA_DISABLE_HOPPER=1  the portable kernels only.
 //   OPSFUSE_CUDA_FORCE_HOPPER=1    (tests) the Hopper kernel also where the portable plan would split
 //                                  the keys (small grids, long Sk), which it otherwise keeps.
@@ -30,9 +31,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <cuda_runtime.h>
+#include <unistd.h>  // environ
 
 #include "common/message.h"
 #include "kernel_common.cuh"
@@ -43,6 +46,8 @@ namespace {
 using detail::KernelArgs;
 using detail::KernelKind;
 using detail::Plan;
+using detail::Switch;
+using detail::Switches;
 
 thread_local std::string g_last_error;
 thread_local int g_last_kind = -1;  // KernelKind of this thread's last kernel launch (test hook)
@@ -114,10 +119,28 @@ cudaError_t select_stream_device(cudaStream_t stream) {
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-// OPSFUSE_CUDA_DISABLE_HOPPER=1: never take the Hopper kernel (read at every call, see the top).
-[[maybe_unused]] bool env_flag(const char* name) {
-  const char* e = std::getenv(name);
-  return e != nullptr && e[0] == '1';
+// The switches (kernel_args.h), one pass over the environment: only entries that start with the
+// common prefix are compared with the names.
+Switches read_switches() {
+  static constexpr const char* kNames[static_cast<int>(Switch::kCount)] = {
+      "DISABLE_HOPPER", "FORCE_HOPPER",  "HOPPER_DECODE",  "HOPPER_PERSISTENT",  "HOPPER_SPLITS",
+      "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS", "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "DECODE_SPLITS",
+      "DECODE_NO_CLUSTER", "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
+  static constexpr char kPrefix[] = "OPSFUSE_CUDA_";
+  constexpr size_t kPrefixLen = sizeof(kPrefix) - 1;
+  Switches sw;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* entry = *e;
+    if (std::strncmp(entry, kPrefix, kPrefixLen) != 0) continue;
+    const char* name = entry + kPrefixLen;
+    const char* eq = std::strchr(name, '=');
+    if (eq == nullptr) continue;
+    for (int i = 0; i < static_cast<int>(Switch::kCount); ++i) {
+      const size_t n = std::strlen(kNames[i]);
+      if (static_cast<size_t>(eq - name) == n && std::strncmp(name, kNames[i], n) == 0) sw.value[i] = eq + 1;
+    }
+  }
+  return sw;
 }
 
 // The layout TMA can address (hopper/hopper_host.cu encodes it): a 16-byte aligned base, and
@@ -138,9 +161,9 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 // (bucket 64 or 128; TMA zero-fills the columns beyond D / Dv, so e.g. D = 40 or Dv != D run too),
 // a prefill plan without a KV split (decode shapes, and small grids with long key sequences where
 // the portable kernel splits the keys, keep the portable kernels), TMA-addressable Q/K/V.
-bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
+bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan, const Switches& sw) {
 #ifndef OPSFUSE_CUDA_HOPPER
-  (void)p, (void)dev, (void)plan;
+  (void)p, (void)dev, (void)plan, (void)sw;
   return false;
 #else
   if (dev.cc != 90 || plan.kind != KernelKind::kTensorCore) return false;
@@ -152,26 +175,24 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
       !tma_layout_ok(p.k, p.k_stride, p.batch, p.heads_kv, p.seq_k) ||
       !tma_layout_ok(p.v, p.v_stride, p.batch, p.heads_kv, p.seq_k))
     return false;
-  if (env_flag("OPSFUSE_CUDA_DISABLE_HOPPER")) return false;
-  return plan.num_splits == 1 || env_flag("OPSFUSE_CUDA_FORCE_HOPPER");
+  if (sw.is(Switch::kDisableHopper, '1')) return false;
+  return plan.num_splits == 1 || sw.is(Switch::kForceHopper, '1');
 #endif
 }
 
 // Whether the sm_90 decode kernel (hopper/hopper_decode.cuh: TMA loads of K and V) takes a launch
 // whose portable plan is the decode kernel `plan`: compiled in, a compute capability 9.0 device,
 // TMA-addressable K and V (Q is loaded by the threads), not switched off.
-bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
+bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan, const Switches& sw) {
 #ifndef OPSFUSE_CUDA_HOPPER
-  (void)p, (void)dev, (void)plan;
+  (void)p, (void)dev, (void)plan, (void)sw;
   return false;
 #else
   if (dev.cc != 90 || plan.kind != KernelKind::kTensorCoreDecode || plan.bucket > 128) return false;
   if (p.seq_k < 1 || !tma_layout_ok(p.k, p.k_stride, p.batch, p.heads_kv, p.seq_k) ||
       !tma_layout_ok(p.v, p.v_stride, p.batch, p.heads_kv, p.seq_k))
     return false;
-  if (env_flag("OPSFUSE_CUDA_DISABLE_HOPPER")) return false;
-  const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_DECODE");
-  return e == nullptr || e[0] != '0';
+  return !sw.is(Switch::kDisableHopper, '1') && !sw.is(Switch::kHopperDecode, '0');
 #endif
 }
 
@@ -186,12 +207,12 @@ bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, con
 // the schedules: B=1 H=16 S=8192 causal 1.35x the hardware's dynamic one, B=2 H=16 S=16384 1.02x)
 // and the hardware's block scheduler keeps the launch.
 // OPSFUSE_CUDA_HOPPER_PERSISTENT=0: never; =1: also with key_lengths and any causal shape.
-[[maybe_unused]] bool hopper_persistent(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan) {
-  const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
-  if (e != nullptr && e[0] == '0') return false;
+[[maybe_unused]] bool hopper_persistent(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan,
+                                        const Switches& sw) {
+  if (sw.is(Switch::kHopperPersistent, '0')) return false;
   const int64_t tiles = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
   if (tiles <= dev.sms) return false;
-  if (e != nullptr && e[0] == '1') return true;
+  if (sw.is(Switch::kHopperPersistent, '1')) return true;
   if (p.is_causal != 0 && (2 * dev.sms) % std::max(1, plan.row_tiles) != 0) return false;
   return p.key_lengths == nullptr;
 }
@@ -203,8 +224,8 @@ bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, con
 // the unsplit launch: S=2048 2 splits 50.1 us against 46.8-48.5 persistent, S=512 10.2 against
 // 9.9-10.2 (docs/notes/cuda_kernel.md, session 3). Each split block repeats the Q load, the pipeline
 // fill and the epilogue, which the model "key tiles / s" left out.
-[[maybe_unused]] int hopper_key_splits(const AttentionParams& p) {
-  const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_SPLITS");
+[[maybe_unused]] int hopper_key_splits(const AttentionParams& p, const Switches& sw) {
+  const char* e = sw.get(Switch::kHopperSplits);
   if (e == nullptr || std::atoi(e) <= 1) return 1;
   return std::max(1, std::min({std::atoi(e), 8, ceil_div(p.seq_k, 128)}));
 }
@@ -222,13 +243,12 @@ bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, con
 // pipeline fill and the epilogue, which the tail split pays only in its last round.
 // OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=0: never; =1: wherever the persistent grid is taken and the tail
 // fits (causal, key_lengths, several full rounds).
-[[maybe_unused]] bool hopper_tail_split(const AttentionParams& p, const Plan& plan) {
-  const char* e = std::getenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
-  if (e != nullptr && e[0] == '0') return false;
+[[maybe_unused]] bool hopper_tail_split(const AttentionParams& p, const Plan& plan, const Switches& sw) {
+  if (sw.is(Switch::kHopperTailSplit, '0')) return false;
   const int64_t items = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
   const int64_t g = std::min<int64_t>(items, plan.persistent) & ~int64_t{1};
   if (g < 2 || items % g == 0 || 2 * (items % g) > g) return false;
-  if (e != nullptr && e[0] == '1') return true;
+  if (sw.is(Switch::kHopperTailSplit, '1')) return true;
   return items / g == 1 && p.is_causal == 0 && p.key_lengths == nullptr;
 }
 
@@ -275,7 +295,7 @@ int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
 //  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), whose
 //  partial last round may be split by keys in clusters of 2, hopper_tail_split() (plan.cluster = 2
 //  with plan.persistent > 0), or, opt-in, key splits merged in a cluster, hopper_key_splits()).
-Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hopper = true) {
+Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches& sw, bool allow_hopper = true) {
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
   plan.bucket = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
@@ -334,7 +354,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
       if (blocks < slots) splits = std::min<int64_t>(slots / blocks, std::max(1, n_tiles / 2));
       // OPSFUSE_CUDA_DECODE_SPLITS=N (benchmark sweeps): N splits, at most one per key tile. Read by
       // workspace_size() and launch() alike, so both see the same plan.
-      const char* forced = std::getenv("OPSFUSE_CUDA_DECODE_SPLITS");
+      const char* forced = sw.get(Switch::kDecodeSplits);
       if (forced != nullptr && std::atoi(forced) > 0) splits = std::min(std::atoi(forced), n_tiles);
     } else if (plan.kind == KernelKind::kFloat32) {
       // Compute bound on the CUDA cores: the busiest SM sub-partition runs ceil(warps * s / (4 SMs))
@@ -352,14 +372,14 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
     }
   }
   plan.num_splits = std::max(1, std::min(splits, 128));
-  if (allow_hopper && hopper_decode_eligible(p, dev, plan)) plan.kind = KernelKind::kHopperDecode;
+  if (allow_hopper && hopper_decode_eligible(p, dev, plan, sw)) plan.kind = KernelKind::kHopperDecode;
   const bool decode = plan.kind == KernelKind::kTensorCoreDecode || plan.kind == KernelKind::kHopperDecode;
-  if (decode && dev.cc >= 90 && !env_flag("OPSFUSE_CUDA_DECODE_NO_CLUSTER")) {
+  if (decode && dev.cc >= 90 && !sw.is(Switch::kDecodeNoCluster, '1')) {
     auto fits = [&](int s) { return s > 1 && s <= 8 && decode_clusters(p, plan, s) >= blocks; };
     if (fits(plan.num_splits)) {
       plan.cluster = plan.num_splits;
     } else if (plan.kind == KernelKind::kHopperDecode && plan.num_splits > 2 && n_tiles <= 32 &&
-               std::getenv("OPSFUSE_CUDA_DECODE_SPLITS") == nullptr) {
+               sw.get(Switch::kDecodeSplits) == nullptr) {
       // Short key sequences (<= 32 key tiles per (batch, kv head)) on the TMA decode kernel, whose
       // time is mostly the fixed launch-to-result part: fewer splits whose clusters fit (no
       // combine launch) beat the fill-every-slot count. Measured on the H200 (2026-11-29, B=8
@@ -373,17 +393,23 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, bool allow_hop
         }
     }
   }
-  if (allow_hopper && hopper_eligible(p, dev, plan)) {
+  if (allow_hopper && hopper_eligible(p, dev, plan, sw)) {
     // hopper/hopper_fwd.cuh: 128 query rows of one (batch, query head) per block, 128-key tiles.
     plan.kind = KernelKind::kHopper;
     plan.block_m = 128;
     plan.block_n = 128;
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
-    plan.cluster = hopper_key_splits(p);
-    plan.persistent = plan.cluster == 1 && hopper_persistent(p, dev, plan) ? dev.sms : 0;
-    if (plan.persistent > 0 && hopper_tail_split(p, plan)) plan.cluster = 2;  // the last round split
+    plan.cluster = hopper_key_splits(p, sw);
+    plan.persistent = plan.cluster == 1 && hopper_persistent(p, dev, plan, sw) ? dev.sms : 0;
+    if (plan.persistent > 0 && hopper_tail_split(p, plan, sw)) plan.cluster = 2;  // the last round split
   }
+  // A/B switches the launch functions apply (see where each is used).
+  plan.pingpong = !sw.is(Switch::kHopperPingpong, '0');
+  plan.mask_classes = !sw.is(Switch::kHopperMaskClasses, '0');
+  plan.mask_pairs = !sw.is(Switch::kHopperMaskPairs, '0');
+  if (const char* promo = sw.get(Switch::kDecodeL2Promotion)) plan.l2_promotion = std::atoi(promo);
+  plan.evict_first = !sw.is(Switch::kDecodeEvictFirst, '0');
   return plan;
 }
 
@@ -511,8 +537,9 @@ size_t workspace_size(const AttentionParams& p) {
   if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return 0;
   DeviceInfo dev;
   if (device_info(&dev) != cudaSuccess) return 0;
-  return std::max(workspace_for(p, choose_plan(p, dev, /*allow_hopper=*/false)),
-                  workspace_for(p, choose_plan(p, dev)));  // see the top
+  const Switches sw = read_switches();
+  return std::max(workspace_for(p, choose_plan(p, dev, sw, /*allow_hopper=*/false)),
+                  workspace_for(p, choose_plan(p, dev, sw)));  // see the top
 }
 
 Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
@@ -531,7 +558,8 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
   DeviceInfo dev;
   err = device_info(&dev);
   if (err != cudaSuccess) return cuda_fail(err, "reading the device's attributes");
-  const Plan plan = choose_plan(p, dev);
+  const Switches sw = read_switches();
+  const Plan plan = choose_plan(p, dev, sw);
   const size_t need = workspace_for(p, plan);
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
     Message os;
@@ -598,7 +626,7 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
     // The driver refused a TMA layout that the eligibility checks let through (nothing was
     // launched): the portable plan instead, when the workspace covers it (workspace_size() counts
     // it; a caller that sized the workspace for the Hopper plan alone may fall short).
-    const Plan fallback = choose_plan(p, dev, /*allow_hopper=*/false);
+    const Plan fallback = choose_plan(p, dev, sw, /*allow_hopper=*/false);
     const size_t fallback_need = workspace_for(p, fallback);
     const RunFn fallback_run =
         fallback_need == 0 || (workspace != nullptr && workspace_bytes >= fallback_need) ? pick_kernel(p, fallback) : nullptr;

@@ -43,6 +43,38 @@ struct KernelArgs {
   float* part_ml;  // (num_splits, B*Hq*Sq, 2) float32: running max (log2 domain) and sum
 };
 
+// The launcher's A/B switches: OPSFUSE_CUDA_* environment variables that tests and measurement
+// sweeps set to force or turn off one plan decision (each is documented where it is applied).
+// They are read in one pass over the environment per launcher call (read_switches() in
+// attention_cuda.cu) into this snapshot, which choose_plan() and the Plan carry from there: a
+// getenv() per switch and per plan cost ~2 us of host time per ONNX Runtime call on the H200's host
+// (0.12 us each, tools/launch_host_cost), all of it on the session.run's critical path.
+enum class Switch : int {
+  kDisableHopper,       // OPSFUSE_CUDA_DISABLE_HOPPER
+  kForceHopper,         // OPSFUSE_CUDA_FORCE_HOPPER
+  kHopperDecode,        // OPSFUSE_CUDA_HOPPER_DECODE
+  kHopperPersistent,    // OPSFUSE_CUDA_HOPPER_PERSISTENT
+  kHopperSplits,        // OPSFUSE_CUDA_HOPPER_SPLITS
+  kHopperTailSplit,     // OPSFUSE_CUDA_HOPPER_TAIL_SPLIT
+  kHopperMaskPairs,     // OPSFUSE_CUDA_HOPPER_MASK_PAIRS
+  kHopperPingpong,      // OPSFUSE_CUDA_HOPPER_PINGPONG
+  kHopperMaskClasses,   // OPSFUSE_CUDA_HOPPER_MASK_CLASSES
+  kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
+  kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
+  kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
+  kDecodeEvictFirst,    // OPSFUSE_CUDA_DECODE_EVICT_FIRST
+  kCount
+};
+
+struct Switches {
+  const char* value[static_cast<int>(Switch::kCount)] = {};  // the variable's value, or null when unset
+  const char* get(Switch s) const { return value[static_cast<int>(s)]; }
+  bool is(Switch s, char first) const {  // set, and its value starts with `first` ('0' off, '1' on)
+    const char* v = get(s);
+    return v != nullptr && v[0] == first;
+  }
+};
+
 // Which compiled kernel runs, chosen by choose_plan() in attention_cuda.cu (the one heuristic).
 // kHopper / kHopperDecode: the sm_90a prefill kernel (hopper/hopper_fwd.cuh) and the sm_90 TMA decode
 // kernel (hopper/hopper_decode.cuh), compiled only when CMAKE_CUDA_ARCHITECTURES includes 90 (then
@@ -69,6 +101,12 @@ struct Plan {
                         // row tiles split between the two blocks of a cluster, choose_plan)
   int persistent = 0;   // kHopper: > 0 = a persistent grid of that many blocks looping over the row
                         // tiles (when there are more tiles than blocks); 0 = one block per tile
+  // What the launch functions apply as the switches say (the shipped behaviour by default):
+  bool pingpong = true;        // kHopper: the inter-warpgroup schedule
+  bool mask_classes = true;    // kHopper: padding-mask tile classes
+  bool mask_pairs = true;      // kHopper: masks read as aligned column pairs where the layout allows
+  int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
+  bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };
 
 // Launch functions, one per compiled configuration (defined in the instantiation files).

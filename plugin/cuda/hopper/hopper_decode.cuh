@@ -190,12 +190,10 @@ cudaError_t launch_hopper_decode(const KernelArgs& a, const Plan& plan, cudaStre
   // evict-first policy. Measured on the H200 (2026-11-29, run 4c, B=8 Hq=32 D=128 bf16): with the
   // prefill kernel's 256-byte promotion the stream stalled at ~4.1 TB/s (Hkv=32 Sk=32768: 1040 us);
   // with 128 bytes or none, 4.6 TB/s (942 us; cuDNN 929); evict-first adds 1-3 % at Hkv=8.
-  // A/B switches: OPSFUSE_CUDA_DECODE_L2_PROMOTION=0/1/2 (none / 128 / 256 bytes),
+  // A/B switches, in the plan: OPSFUSE_CUDA_DECODE_L2_PROMOTION=0/1/2 (none / 128 / 256 bytes),
   // OPSFUSE_CUDA_DECODE_EVICT_FIRST=0/1.
-  const char* promo_env = std::getenv("OPSFUSE_CUDA_DECODE_L2_PROMOTION");
-  const int promo = promo_env != nullptr ? std::atoi(promo_env) : 1;
-  const char* ef_env = std::getenv("OPSFUSE_CUDA_DECODE_EVICT_FIRST");
-  const int evict_first = ef_env != nullptr && ef_env[0] == '0' ? 0 : 1;
+  const int promo = plan.l2_promotion;
+  const int evict_first = plan.evict_first ? 1 : 0;
   CUtensorMap tk, tv;
   if (!hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, dec::kBN, promo) ||
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, dec::kBN, promo))

@@ -847,12 +847,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Which instantiation (hopper::Mode) a launch takes. Pair masks need mask_stride[3] == 1 and every
 // element offset of a pair even (each stride even, the base aligned to a pair); anything else with
-// a mask, and softcap, take kGeneral. OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0 sends masks to kGeneral too.
-inline int hopper_mode(const KernelArgs& a) {
+// a mask, and softcap, take kGeneral. plan.mask_pairs false (OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0) sends
+// masks to kGeneral too.
+inline int hopper_mode(const KernelArgs& a, const Plan& plan) {
   if (a.mask_kind == 0 && !(a.softcap > 0.0f)) return hopper::kPlain;
-  if (a.mask_kind == 0 || a.softcap > 0.0f) return hopper::kGeneral;
-  const char* env = std::getenv("OPSFUSE_CUDA_HOPPER_MASK_PAIRS");
-  if (env != nullptr && env[0] == '0') return hopper::kGeneral;
+  if (a.mask_kind == 0 || a.softcap > 0.0f || !plan.mask_pairs) return hopper::kGeneral;
   const int64_t pair_bytes = a.mask_kind == 1 ? 2 : 4;
   bool ok = a.mask_stride[3] == 1 && reinterpret_cast<uintptr_t>(a.mask) % pair_bytes == 0;
   for (int i = 0; i < 3; ++i) ok = ok && a.mask_stride[i] % 2 == 0;
@@ -870,7 +869,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, hopper::kBN))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   static int smem_done[4][64] = {};
-  const int mode = hopper_mode(a);
+  const int mode = hopper_mode(a, plan);
   auto kernel = mode == hopper::kPlain     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
                 : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
                 : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
@@ -880,13 +879,11 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
   // Persistent (plan.persistent > 0, choose_plan): that many blocks loop over the row tiles.
   const int64_t grid = plan.persistent > 0 ? std::min<int64_t>(blocks, plan.persistent) : blocks;
-  // OPSFUSE_CUDA_HOPPER_PINGPONG=0 turns the inter-warpgroup schedule off (to measure it).
-  const char* pp_env = std::getenv("OPSFUSE_CUDA_HOPPER_PINGPONG");
-  const int pingpong = pp_env != nullptr && pp_env[0] == '0' ? 0 : 1;
-  // OPSFUSE_CUDA_HOPPER_MASK_CLASSES=0 turns the padding-mask tile classes off (every tile of a
-  // pair mask through the pair loads, as before them: to measure them).
-  const char* mc_env = std::getenv("OPSFUSE_CUDA_HOPPER_MASK_CLASSES");
-  const int mask_classes = mc_env != nullptr && mc_env[0] == '0' ? 0 : 1;
+  // OPSFUSE_CUDA_HOPPER_PINGPONG=0 turns the inter-warpgroup schedule off (to measure it);
+  // OPSFUSE_CUDA_HOPPER_MASK_CLASSES=0 the padding-mask tile classes (every tile of a pair mask
+  // through the pair loads, as before them: to measure them). Both arrive in the plan.
+  const int pingpong = plan.pingpong ? 1 : 0;
+  const int mask_classes = plan.mask_classes ? 1 : 0;
   // plan.cluster (choose_plan): without a persistent grid, key splits per row tile; with one, 2 =
   // the tail split (its last, partial round's items split 2 ways by keys, see the kernel).
   const int splits = plan.cluster;

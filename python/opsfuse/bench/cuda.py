@@ -122,6 +122,26 @@ def time_host(torch, calls, repeat, warmup=10):
     return statistics.median(times)
 
 
+def time_host_interleaved(torch, calls_by_name, repeat, warmup=10):
+    """time_host for several implementations side by side: each round times one call of every
+    implementation, the order rotating per round, so that the host's slow drifts (clocks, other
+    load) fall on all of them alike. {name: median microseconds per call}."""
+    names = list(calls_by_name)
+    for i in range(warmup):
+        for n in names:
+            calls_by_name[n][i % len(calls_by_name[n])]()
+    torch.cuda.synchronize()
+    times = {n: [] for n in names}
+    for r in range(repeat):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            calls = calls_by_name[n]
+            t0 = time.perf_counter()
+            calls[r % len(calls)]()
+            torch.cuda.synchronize()
+            times[n].append((time.perf_counter() - t0) * 1e6)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
 # --- ONNX Runtime graphs ------------------------------------------------------------------------
 
 def ort_models(dtype_name, b, h, s, d):
@@ -192,13 +212,6 @@ def ort_bound_calls(ort, torch, name, model, layout, tensors_sets, out_shape, to
         outs.append(y)
     calls = [lambda bnd=bnd: sess.run_with_iobinding(bnd[0]) for bnd in bindings]
     return calls, outs, providers, sess
-
-
-def _ort_time(ort, torch, name, model, layout, tensors_sets, out_shape, torch_dtype, np_dtype, repeat):
-    calls, outs, providers, _ = ort_bound_calls(ort, torch, name, model, layout, tensors_sets, out_shape,
-                                                torch_dtype, np_dtype)
-    us = time_host(torch, calls, repeat)
-    return us, outs[0], providers
 
 
 # --- kernel-only peers --------------------------------------------------------------------------
@@ -273,16 +286,28 @@ def run_seed(torch, ort, cuda_mod, rows, repeat, quick):
                         flops=fl, bytes=by)
             ref = torch.nn.functional.scaled_dot_product_attention(*(x.double() for x in sets[0]))
             if ort is not None:
+                # Every ORT variant's session first, then all timed together, round by round.
+                ready = {}
                 for name, (model, layout) in ort_models(dtype_name, b, h, s, d).items():
                     try:
-                        us, y, prov = _ort_time(ort, torch, name, model, layout, sets, (b, h, s, d), tdt, npdt,
-                                                max(repeat * 4, 50))
-                        if layout == "bsh":
-                            y = y.reshape(b, s, h, d).transpose(1, 2)
-                        _point(rows, **base, impl=name, mode="session.run", us=us, tflops=fl / us / 1e6,
-                               tbps=by / us / 1e6, rel_err=_rel_err(torch, y, ref), providers=prov)
+                        calls, outs, prov, sess = ort_bound_calls(ort, torch, name, model, layout, sets, (b, h, s, d),
+                                                                  tdt, npdt)
+                        ready[name] = (calls, outs[0], prov, layout, sess)
                     except Exception as exc:  # noqa: BLE001 - record and go on
                         _point(rows, **base, impl=name, mode="session.run", us=None, error=f"{type(exc).__name__}: {exc}")
+                try:
+                    times = time_host_interleaved(torch, {n: r[0] for n, r in ready.items()}, max(repeat * 8, 100))
+                except Exception as exc:  # noqa: BLE001 - record and go on
+                    times = {}
+                    for name in ready:
+                        _point(rows, **base, impl=name, mode="session.run", us=None, error=f"{type(exc).__name__}: {exc}")
+                for name, (calls, y, prov, layout, _sess) in ready.items() if times else ():
+                    us = times[name]
+                    if layout == "bsh":
+                        y = y.reshape(b, s, h, d).transpose(1, 2)
+                    _point(rows, **base, impl=name, mode="session.run", us=us, tflops=fl / us / 1e6,
+                           tbps=by / us / 1e6, rel_err=_rel_err(torch, y, ref), providers=prov)
+                ready.clear()
             _kernel_points(torch, cuda_mod, rows, base, sets, ref, False, False, repeat)
 
 
@@ -560,7 +585,7 @@ def _markdown(meta, rows, summary):
         f"bf16 matmul {meta['ceilings'].get('bf16_matmul_TFLOPs', float('nan')):.0f} TFLOP/s",
         "- method: medians after warm-up; kernel-only rows are CUDA-graph replays of 10+ calls over rotated input "
         "sets (>= 240 MB of inputs, or one set when larger); ORT rows are wall-clock per `run_with_iobinding` "
-        "(device buffers, synchronized). FLOPs = 4·B·Hq·Sq·Sk·D (halved when causal); bytes = Q+K+V+Y once.",
+        "(device buffers, synchronized; the four ORT variants of a point timed round by round, interleaved). FLOPs = 4·B·Hq·Sq·Sk·D (halved when causal); bytes = Q+K+V+Y once.",
         "",
         "## opsfuse against the best peer",
         "",
