@@ -208,7 +208,7 @@ def ort_bound_calls(ort, torch, name, model, layout, tensors_sets, out_shape, to
         for n, t in (("Q", q), ("K", k), ("V", v)):
             bnd.bind_input(n, "cuda", 0, np_dtype, list(t.shape), t.data_ptr())
         bnd.bind_output("Y", "cuda", 0, np_dtype, list(y.shape), y.data_ptr())
-        bindings.append((bnd, q, k, v))
+        bindings.append((bnd, q, k, v, y))  # each call holds the buffers its binding points at
         outs.append(y)
     calls = [lambda bnd=bnd: sess.run_with_iobinding(bnd[0]) for bnd in bindings]
     return calls, outs, providers, sess
@@ -292,7 +292,9 @@ def run_seed(torch, ort, cuda_mod, rows, repeat, quick):
                     try:
                         calls, outs, prov, sess = ort_bound_calls(ort, torch, name, model, layout, sets, (b, h, s, d),
                                                                   tdt, npdt)
-                        ready[name] = (calls, outs[0], prov, layout, sess)
+                        # Every output buffer stays referenced while any session may still write it
+                        # (a freed one would be handed to the next session's outputs).
+                        ready[name] = (calls, outs, prov, layout, sess)
                     except Exception as exc:  # noqa: BLE001 - record and go on
                         _point(rows, **base, impl=name, mode="session.run", us=None, error=f"{type(exc).__name__}: {exc}")
                 try:
@@ -301,8 +303,8 @@ def run_seed(torch, ort, cuda_mod, rows, repeat, quick):
                     times = {}
                     for name in ready:
                         _point(rows, **base, impl=name, mode="session.run", us=None, error=f"{type(exc).__name__}: {exc}")
-                for name, (calls, y, prov, layout, _sess) in ready.items() if times else ():
-                    us = times[name]
+                for name, (calls, outs, prov, layout, _sess) in ready.items() if times else ():
+                    us, y = times[name], outs[0]
                     if layout == "bsh":
                         y = y.reshape(b, s, h, d).transpose(1, 2)
                     _point(rows, **base, impl=name, mode="session.run", us=us, tflops=fl / us / 1e6,
