@@ -157,8 +157,8 @@ Switches read_switches() {
 }
 
 // Whether the Hopper kernel (hopper/hopper_fwd.cuh) covers a launch whose portable plan is `plan`:
-// compiled in, a compute capability 9.0 device, not disabled, float16/bfloat16, D and Dv <= 128
-// (bucket 64 or 128; TMA zero-fills the columns beyond D / Dv, so e.g. D = 40 or Dv != D run too),
+// compiled in, a compute capability 9.0 device, not disabled, float16/bfloat16, any bucket (64, 128
+// or 256; TMA zero-fills the columns beyond D / Dv, so e.g. D = 40 or Dv != D run too),
 // a prefill plan without a KV split (decode shapes, and small grids with long key sequences where
 // the portable kernel splits the keys, keep the portable kernels), TMA-addressable Q/K/V.
 bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan, const Switches& sw) {
@@ -168,7 +168,6 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
 #else
   if (dev.cc != 90 || plan.kind != KernelKind::kTensorCore) return false;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
-  if (plan.bucket > 128) return false;
   if (p.seq_k < 1 || p.seq_q < 1) return false;
   if (ceil_div(p.seq_q, 128) * p.batch * p.heads_q >= INT_MAX) return false;
   if (!tma_layout_ok(p.q, p.q_stride, p.batch, p.heads_q, p.seq_q) ||
@@ -292,9 +291,10 @@ int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
 //  the same cluster rule (its own occupancy); short key sequences may take fewer splits whose
 //  clusters fit (measured below).
 //  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
-//  covers becomes KernelKind::kHopper (128x128 tiles; a persistent grid, hopper_persistent(), whose
-//  partial last round may be split by keys in clusters of 2, hopper_tail_split() (plan.cluster = 2
-//  with plan.persistent > 0), or, opt-in, key splits merged in a cluster, hopper_key_splits()).
+//  covers becomes KernelKind::kHopper (128x128 tiles, 128x64 at D = 256; a persistent grid,
+//  hopper_persistent(), whose partial last round may be split by keys in clusters of 2,
+//  hopper_tail_split() (plan.cluster = 2 with plan.persistent > 0), or, opt-in, key splits merged
+//  in a cluster, hopper_key_splits(); neither split at D = 256).
 Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches& sw, bool allow_hopper = true) {
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
@@ -394,15 +394,17 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
     }
   }
   if (allow_hopper && hopper_eligible(p, dev, plan, sw)) {
-    // hopper/hopper_fwd.cuh: 128 query rows of one (batch, query head) per block, 128-key tiles.
+    // hopper/hopper_fwd.cuh: 128 query rows of one (batch, query head) per block, 128-key tiles
+    // (64 at D = 256, whose split merge would not fit its shared memory: never split there).
     plan.kind = KernelKind::kHopper;
     plan.block_m = 128;
-    plan.block_n = 128;
+    plan.block_n = plan.bucket == 256 ? 64 : 128;
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
-    plan.cluster = hopper_key_splits(p, sw);
+    plan.cluster = plan.bucket == 256 ? 1 : hopper_key_splits(p, sw);
     plan.persistent = plan.cluster == 1 && hopper_persistent(p, dev, plan, sw) ? dev.sms : 0;
-    if (plan.persistent > 0 && hopper_tail_split(p, plan, sw)) plan.cluster = 2;  // the last round split
+    if (plan.persistent > 0 && plan.bucket <= 128 && hopper_tail_split(p, plan, sw))
+      plan.cluster = 2;  // the last round split
   }
   // A/B switches the launch functions apply (see where each is used).
   plan.pingpong = !sw.is(Switch::kHopperPingpong, '0');
@@ -518,9 +520,8 @@ RunFn pick_kernel(const AttentionParams& p, const Plan& plan) {
     }
     case KernelKind::kHopper: {
 #ifdef OPSFUSE_CUDA_HOPPER
-      static const RunFn h[2] = {run_hopper_f16_d64, run_hopper_f16_d128};
-      static const RunFn bf[2] = {run_hopper_bf16_d64, run_hopper_bf16_d128};
-      if (bi > 1) return nullptr;
+      static const RunFn h[3] = {run_hopper_f16_d64, run_hopper_f16_d128, run_hopper_f16_d256};
+      static const RunFn bf[3] = {run_hopper_bf16_d64, run_hopper_bf16_d128, run_hopper_bf16_d256};
       return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
 #else
       return nullptr;

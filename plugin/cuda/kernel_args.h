@@ -129,6 +129,8 @@ OPSFUSE_DECLARE_TC(run_hopper_f16_d64);  // hopper/*.cu, sm_90a only
 OPSFUSE_DECLARE_TC(run_hopper_f16_d128);
 OPSFUSE_DECLARE_TC(run_hopper_bf16_d64);
 OPSFUSE_DECLARE_TC(run_hopper_bf16_d128);
+OPSFUSE_DECLARE_TC(run_hopper_f16_d256);
+OPSFUSE_DECLARE_TC(run_hopper_bf16_d256);
 OPSFUSE_DECLARE_TC(run_hopper_dec_f16_d64);  // hopper/hopper_dec_*.cu, sm_90a only
 OPSFUSE_DECLARE_TC(run_hopper_dec_f16_d128);
 OPSFUSE_DECLARE_TC(run_hopper_dec_bf16_d64);

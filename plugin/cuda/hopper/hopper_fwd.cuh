@@ -1,5 +1,5 @@
 // Internal to plugin/cuda: the Hopper (sm_90a) FusedAttention forward kernel for float16 /
-// bfloat16, head-size buckets 64 and 128 (D, Dv <= bucket: TMA zero-fills the columns beyond D / Dv,
+// bfloat16, head-size buckets 64, 128 and 256 (D, Dv <= bucket: TMA zero-fills the columns beyond D / Dv,
 // the epilogue stores Dv columns). Compiled only for sm_90a (hopper/*.cu); the launcher
 // (attention_cuda.cu, choose_plan) takes it on compute capability 9.0 devices for the cases it
 // covers and keeps the portable mma.sync kernel (flash_tc.cuh) for everything else.
@@ -12,7 +12,8 @@
 //    tiles into a kStages-deep shared-memory ring, each with a "full" mbarrier (transaction bytes)
 //    and an "empty" mbarrier that the consumers release.
 //  - warpgroups 1 and 2, the consumers (setmaxnreg.inc 240): 64 query rows each.
-//      S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (both K-major),
+//      S = Q K^T   wgmma m64n128k16 (m64n64k16 at D = 256: 64-key tiles, see Config), A = Q and
+//                  B = K from shared memory (both K-major),
 //      score       scale, softcap, mask, causal, key_lengths on the S accumulators (kernel_common.cuh;
 //                  aligned masks without softcap as column-pair loads issued ahead, see Mode)
 //      softmax     online, in registers, log2 domain, ex2.approx
@@ -77,12 +78,17 @@ namespace opsfuse::cuda::detail {
 namespace hopper {
 
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
-constexpr int kBN = 128;          // keys per tile
+constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 
+// D = 256 takes 64-key tiles: a consumer thread holds O (kD / 2 = 128 floats), S and P of one
+// tile and the P V product overlapping the next S (64 + 32 + 16 registers at 128 keys would not
+// fit the 240 of setmaxnreg; at 64 keys, 32 + 16 do), and two stages of 64-key K and V tiles plus Q
+// fill 193 KB of shared memory.
 template <int kD>
 struct Config {
+  static constexpr int kBN = kD == 256 ? 64 : hopper::kBN;
   static constexpr int kStages = kD == 64 ? 3 : 2;
   static constexpr int kQBytes = kBM * kD * 2;
   static constexpr int kKVBytes = kBN * kD * 2;  // one K (or V) tile
@@ -122,18 +128,33 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
          (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
 }
 
-template <typename T>
-__device__ __forceinline__ void mma_qk(float (&d)[64], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
-  if constexpr (std::is_same_v<T, __half>) {
-    OPSFUSE_WGMMA_SS_N128(".f16.f16");
+template <typename T, int kN>
+__device__ __forceinline__ void mma_qk(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  if constexpr (kN == 128) {
+    if constexpr (std::is_same_v<T, __half>) {
+      OPSFUSE_WGMMA_SS_N128(".f16.f16");
+    } else {
+      OPSFUSE_WGMMA_SS_N128(".bf16.bf16");
+    }
   } else {
-    OPSFUSE_WGMMA_SS_N128(".bf16.bf16");
+    static_assert(kN == 64, "S tiles are 64 or 128 keys wide");
+    if constexpr (std::is_same_v<T, __half>) {
+      OPSFUSE_WGMMA_SS_N64(".f16.f16");
+    } else {
+      OPSFUSE_WGMMA_SS_N64(".bf16.bf16");
+    }
   }
 }
 template <typename T, int kD>
 __device__ __forceinline__ void mma_pv(float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   const uint32_t scale_d = 1;
-  if constexpr (kD == 128) {
+  if constexpr (kD == 256) {
+    if constexpr (std::is_same_v<T, __half>) {
+      OPSFUSE_WGMMA_RS_N256(".f16.f16");
+    } else {
+      OPSFUSE_WGMMA_RS_N256(".bf16.bf16");
+    }
+  } else if constexpr (kD == 128) {
     if constexpr (std::is_same_v<T, __half>) {
       OPSFUSE_WGMMA_RS_N128(".f16.f16");
     } else {
@@ -269,6 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Cfg = Config<kD>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
+  constexpr int kBN = Cfg::kBN;      // keys per tile (shadows the namespace's D <= 128 value)
 
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bars[2 + 4 * kStages];
@@ -305,9 +327,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (or none) in that round, so they make the same cluster_sync() calls; a cluster without a tail
   // item makes none. r_tail is a kernel parameter (computing it here, n_work / G, kept a register
   // live through the consumers' key loop and spilled); rounds past it land beyond n_work.
-  auto splits_in = [&](int r) { return r >= tail_round ? 2 : splits; };  // key splits of round r's item
+  // D = 256 never splits (launch_hopper): its round structure is fixed at compile time.
+  const int tail_from = kD == 256 ? INT_MAX : tail_round;
+  auto splits_in = [&](int r) { return r >= tail_from ? 2 : (kD == 256 ? 1 : splits); };  // round r's item
   auto item_of = [&](int r) {
-    if (r >= tail_round) {
+    if (r >= tail_from) {
       const int64_t w = static_cast<int64_t>(r) * gridDim.x + blockIdx.x / 2;
       return w < n_work ? static_cast<int>(w) : n_work;
     }
@@ -393,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // launch merges its one item, a tail-split one the item of its last round if its cluster has
     // one (the same answer in both blocks). Either is the block's last item, so tid 0 has issued
     // all its loads before it arrives.
-    if (splits > 1 || item_of(tail_round) < n_work) {
+    if (kD != 256 && (splits > 1 || item_of(tail_from) < n_work)) {
       __syncwarp();
       cluster_sync();
       cluster_sync();
@@ -440,9 +464,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float alpha[2] = {1.0f, 1.0f};
-    float s[64];
+    float s[kBN / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] = 0.0f;
+    for (int i = 0; i < kBN / 2; ++i) s[i] = 0.0f;
     using PFrag = uint32_t[kBN / 16][4];
     PFrag p;  // P as the A operand of O += P V
 
@@ -454,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t col = (kk % 4) * 32;
         const uint64_t da = smem_desc(q_off + (kk / 4) * (kBM * 128) + col, 16, 1024);
         const uint64_t db = smem_desc(kb + (kk / 4) * (kBN * 128) + col, 16, 1024);
-        mma_qk<T>(s, da, db, kk == 0 ? 0u : 1u);
+        mma_qk<T, kBN>(s, da, db, kk == 0 ? 0u : 1u);
       }
     };
     auto issue_pv = [&](int stage, const PFrag& pf) {
@@ -507,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kV == kScoreNone) {
         // Every key of the tile masked: exp2(-inf - max) = 0 and the running max / sum stay.
 #pragma unroll
-        for (int i = 0; i < 64; ++i) s[i] = 0.0f;
+        for (int i = 0; i < kBN / 2; ++i) s[i] = 0.0f;
         alpha[0] = alpha[1] = 1.0f;
         return;
       }
@@ -650,7 +674,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // vote once S(it) is waited for), so that step(it + 1) knows before it issues anything whether
     // it needs the pair loads or its S product at all; the first two tiles' class loads go out
     // with the first tile's pair loads, before Q is waited for, and are voted on after S(t_begin).
-    const bool classify = kPairMask && mask_rows_shared && mask_classes != 0;
+    // (The vote reads 4 keys per lane: 128-key tiles only; D = 256's 64-key tiles score every tile
+    // of a pair mask through the pair loads.)
+    const bool classify = kPairMask && kBN == 128 && mask_rows_shared && mask_classes != 0;
     uint32_t craw[2][2];
     auto class_load = [&](int it, int slot) {
       if constexpr (kPairMask) {
@@ -736,12 +762,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (it + 1 < t_end) cls_next = class_vote(it + 1, 0);
         // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
         // leaves (P(it-1) live), so that variant waits for the product first.
-        if constexpr (!kElementwise) softmax(it, variant, it * kBN + cls);
+        constexpr bool kScoreAfterPv = kElementwise;
+        if constexpr (!kScoreAfterPv) softmax(it, variant, it * kBN + cls);
         wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the P registers are free again
         reg_fence(o);
         reg_fence(p);
         if (lane == 0) mbar_arrive(bar_vempty(prev));
-        if constexpr (kElementwise) softmax(it, variant, it * kBN + cls);
+        if constexpr (kScoreAfterPv) softmax(it, variant, it * kBN + cls);
         pack_into(p);
       };
       for (int it = t_begin + 1; it < t_end; ++it) {
@@ -767,7 +794,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     const int ns = splits_in(round);  // recomputed here: not a register through the key loop
-    if (ns > 1) {
+    // (D = 256 is never split: its merge would not fit the ring, launch_hopper refuses it.)
+    if (kD != 256 && ns > 1) {
       // Split merge. Every rank's thread holds the same rows and columns of O (the accumulator
       // layout does not depend on the keys), so ranks > 0 put their (O, max, per-thread sum) in
       // their shared memory over the K/V ring (both warpgroups' last products are done: named
@@ -865,15 +893,24 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   CUtensorMap tq, tk, tv;
   if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM) ||
-      !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, hopper::kBN) ||
-      !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, hopper::kBN))
+      !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, Cfg::kBN) ||
+      !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, Cfg::kBN))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   static int smem_done[4][64] = {};
-  const int mode = hopper_mode(a, plan);
-  auto kernel = mode == hopper::kPlain     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
-                : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
-                : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
-                                            : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
+  // D = 256 reads masks through the general scoring: the pair loads' 16 registers do not fit
+  // beside its 128-register O (ptxas spilled them), and that leaves two instantiations to compile.
+  const int mode = kD == 256 && hopper_mode(a, plan) != hopper::kPlain ? hopper::kGeneral : hopper_mode(a, plan);
+  auto kernel = [&] {
+    if constexpr (kD == 256) {
+      return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
+                                    : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
+    } else {
+      return mode == hopper::kPlain     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
+             : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
+             : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
+                                         : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
+    }
+  }();
   cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done[mode]);
   if (err != cudaSuccess) return err;
   const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
@@ -887,6 +924,9 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // plan.cluster (choose_plan): without a persistent grid, key splits per row tile; with one, 2 =
   // the tail split (its last, partial round's items split 2 ways by keys, see the kernel).
   const int splits = plan.cluster;
+  // A split merge stages (O, max, sum) of 256 threads over the K/V ring: kD / 8 + 1 float4 chunks
+  // each, 132 KB at D = 256, more than its 128 KB ring (choose_plan never splits there).
+  if (splits > 1 && (kD / 8 + 1) * 256 * 16 > 2 * Cfg::kStages * Cfg::kKVBytes) return cudaErrorInvalidValue;
   const bool tail = plan.persistent > 0 && splits == 2;
   int64_t tail_grid = grid & ~int64_t{1};  // blocks of a tail-split launch: whole clusters
   if (tail) {
