@@ -8,7 +8,13 @@ For each sequence length (B=1, H=12, D=64, no mask, IO binding on device, as `op
 The gap between wall time and GPU time is host and launch overhead: this says whether a miss is the
 kernel's or the call's.
 
+--bert-layer: instead, BERT-base's attention layer (B=8, H=12, D=64, fp16) as one FusedAttention
+node in the forms the BERT rewrite emits (3-D Q/K/V, packed Q/K/V; an additive (B,1,1,S) mask of
+0 / finfo.min, padded as bench.bert pads), and the 4-D form: the kernel's time inside ORT, alone,
+to compare with the same kernel inside the whole BERT model (bench.bert --trace).
+
     python scripts/ort_seed_trace.py --seqs 128,2048 --dtype float16
+    python scripts/ort_seed_trace.py --bert-layer --seqs 128,512
 """
 import argparse
 import json
@@ -45,13 +51,70 @@ def node_host_us(ort, torch, name, model, layout, sets, shape, tdt, npdt, tmp):
     return {op: statistics.median(v[10:] or v) for op, v in per_op.items()}
 
 
+def bert_layer(args) -> int:
+    from onnx import TensorProto, helper
+
+    from opsfuse import contract
+    import opsfuse
+
+    b, h, d = 8, 12, 64
+    fp16 = TensorProto.FLOAT16
+    for s in (int(x) for x in args.seqs.split(",")):
+        keep = torch.zeros(b, s, dtype=torch.bool, device="cuda")
+        for i in range(b):
+            keep[i, : s - round(i * 0.4 * s / (b - 1))] = True
+        mask = ((~keep).to(torch.float16) * torch.finfo(torch.float16).min).view(b, 1, 1, s).contiguous()
+        forms = {
+            "4-D": ([b, h, s, d], {}, lambda: [torch.randn(b, h, s, d, device="cuda", dtype=torch.float16)
+                                               for _ in range(3)]),
+            "3-D": ([b, s, h * d], {contract.ATTR_Q_NUM_HEADS: h, contract.ATTR_KV_NUM_HEADS: h},
+                    lambda: [torch.randn(b, s, h * d, device="cuda", dtype=torch.float16) for _ in range(3)]),
+            "packed": ([b, s, 3 * h * d], {contract.ATTR_Q_NUM_HEADS: h, contract.ATTR_KV_NUM_HEADS: h,
+                                           contract.ATTR_PACKED_QKV: 1},
+                       lambda: [torch.randn(b, s, 3 * h * d, device="cuda", dtype=torch.float16)] * 3),
+        }
+        for form, (shape, attrs, make) in forms.items():
+            for with_mask in (False, True):
+                names = ["Q", "K", "V"] + (["attn_mask"] if with_mask else [])
+                ins = [helper.make_tensor_value_info(n, fp16, shape) for n in ("Q", "K", "V")]
+                if with_mask:
+                    ins.append(helper.make_tensor_value_info("attn_mask", fp16, [b, 1, 1, s]))
+                out_shape = [b, h, s, d] if form == "4-D" else [b, s, h * d]
+                node = helper.make_node(contract.OP_NAME, names, ["Y"], domain=contract.DOMAIN,
+                                        scale=1.0 / d ** 0.5, **attrs)
+                g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("Y", fp16, out_shape)])
+                m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid(contract.DOMAIN, contract.OP_VERSION)])
+                m.ir_version = 10
+                so = ort.SessionOptions()
+                so.register_custom_ops_library(opsfuse.get_library_path())
+                so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+                sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+                qkv = make()
+                y = torch.empty(out_shape, device="cuda", dtype=torch.float16)
+                bnd = sess.io_binding()
+                for n, t in zip(("Q", "K", "V"), qkv):
+                    bnd.bind_input(n, "cuda", 0, np.float16, list(t.shape), t.data_ptr())
+                if with_mask:
+                    bnd.bind_input("attn_mask", "cuda", 0, np.float16, list(mask.shape), mask.data_ptr())
+                bnd.bind_output("Y", "cuda", 0, np.float16, out_shape, y.data_ptr())
+                trace = trace_kernels(torch, lambda: sess.run_with_iobinding(bnd), rounds=20)
+                ours = [r for r in trace["top"] if "opsfuse" in r["name"]]
+                print(f"S={s} {form:6s} mask={'padded' if with_mask else 'none  '}: kernel "
+                      f"{sum(r['us'] for r in ours):.1f} us ({ours[0]['name'][:70] if ours else '?'})", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seqs", default="128,2048")
     ap.add_argument("--dtype", default="float16", choices=("float16", "float32"))
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     ap.add_argument("--tmp", default="/tmp")
+    ap.add_argument("--bert-layer", action="store_true", help="BERT's attention layer instead (see above)")
     args = ap.parse_args()
+    if args.bert_layer:
+        return bert_layer(args)
     tdt, npdt = getattr(torch, args.dtype), getattr(np, args.dtype)
     esize = 2 if args.dtype == "float16" else 4
     result = {"dtype": args.dtype, "gpu": torch.cuda.get_device_name(0), "onnxruntime": ort.__version__,
