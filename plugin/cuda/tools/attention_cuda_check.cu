@@ -515,12 +515,13 @@ int main(int argc, char** argv) {
       // D = 256 (64-key tiles; masks and softcap through the general scoring; never split, so the
       // requested key splits and tail split are ignored): odd Sk, GQA, both causal alignments,
       // key_lengths (a V tile's tail zeroed), Dv != D both ways, bool / additive / padding masks,
-      // softcap, a persistent grid (3 x 9 x 5 = 135 row tiles on 132 SMs; 16 x 5 causal, forced).
+      // softcap, a persistent grid (3 x 9 x 5 = 135 row tiles on 132 SMs; 2 x 8 x 5 causal, forced;
+      // batch 0's key length is 0, as in every key_lengths case: batch 1 carries the values).
       {"hop f16 d256 plain 200x300", H, 2, 4, 4, 200, 300, 256, 256, 0, 0.f, N, 0, 0},
       {"hop bf16 d256 causal1 gqa2 boolmask kl32", BF, 2, 4, 2, 130, 260, 256, 256, 1, 0.f, MB, 4, 32},
       {"hop f16 d256/200 causal2 addmask softcap", H, 1, 3, 3, 97, 300, 256, 200, 2, 30.f, MA, 2, 0},
       {"hop bf16 d200/256 persistent addpad gqa3", BF, 3, 9, 3, 520, 400, 200, 256, 0, 0.f, MA, 3, 0},
-      {"hop f16 d256 persistent causal1 kl64", H, 1, 16, 4, 600, 600, 256, 256, 1, 0.f, N, 0, 64, 1},
+      {"hop f16 d256 persistent causal1 kl64", H, 2, 8, 4, 600, 600, 256, 256, 1, 0.f, N, 0, 64, 1},
       {"hop bf16 d256 split2 tail ignored", BF, 1, 12, 12, 300, 700, 256, 256, 0, 0.f, N, 0, 0, 0, 2, 1},
   };
   cudaStream_t stream;
