@@ -11,12 +11,11 @@ Sk 1024 / 8192 / 32768, D=128, bf16) or its prefill and seed shapes, each timed 
 graph timer (opsfuse.bench.cuda.time_graph: the median of 7 CUDA-graph replays of >= 10 calls) over
 rotated input sets (>= 256 MB, so that L2 does not flatter anyone), with PyTorch's cuDNN SDPA
 backend on the same inputs first."""
-import os
 import sys
 import torch
 import torch.nn.functional as F
 import opsfuse.cuda as oc
-from opsfuse.bench.cuda import time_graph as bench_time_graph
+from opsfuse.bench.cuda import env_variant, time_graph as bench_time_graph
 
 SHAPES = [(8, 32, 8, 1024), (8, 32, 8, 8192), (8, 32, 8, 32768), (8, 32, 32, 1024), (8, 32, 32, 8192), (8, 32, 32, 32768)]
 # prefill: (B, H, S, D, dtype, causal)
@@ -74,17 +73,8 @@ for name, make, causal in cases:
     except Exception as e:  # noqa: BLE001
         line.append(f"cudnn err {type(e).__name__}")
     for spec in sys.argv[1:]:
-        env = dict(kv.split("=", 1) for kv in spec.split(",") if "=" in kv)
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with env_variant(spec):
             line.append(f"{spec or 'default'} {time_graph(ops, sets):.1f}")
-        finally:
-            for k, val in old.items():
-                if val is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = val
     print("  ".join(line), flush=True)
     del sets
     torch.cuda.empty_cache()

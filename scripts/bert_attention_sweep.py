@@ -11,14 +11,13 @@ zeros, additive padded as transformers builds it ((1 - m) * finfo(fp16).min, row
 bench.bert pads them), bool padded. Each timed by the benchmark's graph timer over rotated input
 sets; cuDNN (PyTorch SDPA) on the contiguous layout without a mask first, as the floor to reach.
 """
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import opsfuse.cuda as oc
-from opsfuse.bench.cuda import time_graph
+from opsfuse.bench.cuda import env_variant, time_graph
 
 B, H, D = 8, 12, 64
 
@@ -73,18 +72,9 @@ def main():
                 m = mask_of(kind, s)
                 line = [f"  {layout:6s} {kind:8s}"]
                 for spec in variants:
-                    env = dict(kv.split("=", 1) for kv in spec.split(",") if "=" in kv)
-                    old = {k: os.environ.get(k) for k in env}
-                    os.environ.update(env)
-                    try:
+                    with env_variant(spec):
                         us = time_graph(torch, [lambda x=x: oc.fused_attention(*x, attn_mask=m) for x in sets], 7)
-                        line.append(f"{spec} {us:.1f}")
-                    finally:
-                        for k, val in old.items():
-                            if val is None:
-                                os.environ.pop(k, None)
-                            else:
-                                os.environ[k] = val
+                    line.append(f"{spec} {us:.1f}")
                 print("  ".join(line), flush=True)
             if layout != "bhsd":
                 del sets

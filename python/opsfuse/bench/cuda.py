@@ -122,6 +122,24 @@ def time_host(torch, calls, repeat, warmup=10):
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def env_variant(spec):
+    """An A/B variant of the launcher's switches: "NAME=VALUE,NAME=VALUE" set in os.environ for the
+    block and restored after it (the launcher reads them at every call). Entries without "=" set
+    nothing; a name the launcher does not read (the sweeps' "D=1") makes the default variant."""
+    env = dict(kv.split("=", 1) for kv in spec.split(",") if "=" in kv)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, val in old.items():
+            if val is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = val
+
+
 def time_host_interleaved(torch, calls_by_name, repeat, warmup=10):
     """time_host for several implementations side by side: each round times one call of every
     implementation, the order rotating per round, so that the host's slow drifts (clocks, other
