@@ -122,10 +122,12 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 // The switches (kernel_args.h), one pass over the environment: only entries that start with the
 // common prefix are compared with the names.
 Switches read_switches() {
-  static constexpr const char* kNames[static_cast<int>(Switch::kCount)] = {
+  static constexpr const char* kNames[] = {
       "DISABLE_HOPPER", "FORCE_HOPPER",  "HOPPER_DECODE",  "HOPPER_PERSISTENT",  "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS", "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "DECODE_SPLITS",
       "DECODE_NO_CLUSTER", "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
+                "one name per Switch, in its order");
   static constexpr char kPrefix[] = "OPSFUSE_CUDA_";
   constexpr size_t kPrefixLen = sizeof(kPrefix) - 1;
   Switches sw;
