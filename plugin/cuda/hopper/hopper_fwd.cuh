@@ -82,10 +82,10 @@ constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN:
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 
-// D = 256 takes 64-key tiles: a consumer thread holds O (kD / 2 = 128 floats), S and P of one
-// tile and the P V product overlapping the next S (64 + 32 + 16 registers at 128 keys would not
-// fit the 240 of setmaxnreg; at 64 keys, 32 + 16 do), and two stages of 64-key K and V tiles plus Q
-// fill 193 KB of shared memory.
+// D = 256 takes 64-key tiles: a consumer thread holds O (kD / 2 = 128 floats) and, while P V of
+// one tile overlaps S of the next, that S and the P operand: 64 + 32 registers at 128 keys do not
+// fit beside O in setmaxnreg's 240, 32 + 16 at 64 keys do. Two stages of 64-key K and V tiles plus
+// Q fill 193 KB of shared memory.
 template <int kD>
 struct Config {
   static constexpr int kBN = kD == 256 ? 64 : hopper::kBN;
@@ -762,13 +762,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (it + 1 < t_end) cls_next = class_vote(it + 1, 0);
         // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
         // leaves (P(it-1) live), so that variant waits for the product first.
-        constexpr bool kScoreAfterPv = kElementwise;
-        if constexpr (!kScoreAfterPv) softmax(it, variant, it * kBN + cls);
+        if constexpr (!kElementwise) softmax(it, variant, it * kBN + cls);
         wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the P registers are free again
         reg_fence(o);
         reg_fence(p);
         if (lane == 0) mbar_arrive(bar_vempty(prev));
-        if constexpr (kScoreAfterPv) softmax(it, variant, it * kBN + cls);
+        if constexpr (kElementwise) softmax(it, variant, it * kBN + cls);
         pack_into(p);
       };
       for (int it = t_begin + 1; it < t_end; ++it) {
@@ -899,7 +898,8 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   static int smem_done[4][64] = {};
   // D = 256 reads masks through the general scoring: the pair loads' 16 registers do not fit
   // beside its 128-register O (ptxas spilled them), and that leaves two instantiations to compile.
-  const int mode = kD == 256 && hopper_mode(a, plan) != hopper::kPlain ? hopper::kGeneral : hopper_mode(a, plan);
+  int mode = hopper_mode(a, plan);
+  if (kD == 256 && mode != hopper::kPlain) mode = hopper::kGeneral;
   auto kernel = [&] {
     if constexpr (kD == 256) {
       return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
