@@ -11,7 +11,9 @@ kernel's or the call's.
 --bert-layer: instead, BERT-base's attention layer (B=8, H=12, D=64, fp16) as one FusedAttention
 node in the forms the BERT rewrite emits (3-D Q/K/V, packed Q/K/V; an additive (B,1,1,S) mask of
 0 / finfo.min, padded as bench.bert pads), and the 4-D form: the kernel's time inside ORT, alone,
-to compare with the same kernel inside the whole BERT model (bench.bert --trace).
+to compare with the same kernel inside the whole BERT model (bench.bert --trace); then the same
+node between GEMMs (12 layers of projection, attention, output projection), to see whether the
+context slows it down.
 
     python scripts/ort_seed_trace.py --seqs 128,2048 --dtype float16
     python scripts/ort_seed_trace.py --bert-layer --seqs 128,512
@@ -102,7 +104,67 @@ def bert_layer(args) -> int:
                 ours = [r for r in trace["top"] if "opsfuse" in r["name"]]
                 print(f"S={s} {form:6s} mask={'padded' if with_mask else 'none  '}: kernel "
                       f"{sum(r['us'] for r in ours):.1f} us ({ours[0]['name'][:70] if ours else '?'})", flush=True)
+        layer_stack(s, mask, b, h, d)
     return 0
+
+
+def layer_stack(s, mask, b, h, d, layers=12):
+    """The attention node between GEMMs, as in the model: X -> [packed Q/K/V projection (MatMul, bias
+    Add) -> FusedAttention (packed, the mask) -> output projection (MatMul)] x layers, random fp16
+    weights. The kernel's time per layer here against the node alone says whether the model's
+    context (the GEMMs around it) is what slows it down."""
+    import opsfuse
+
+    m = stack_model(s, b, h, d, layers)
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(opsfuse.get_library_path())
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+    hd = h * d
+    xin = torch.randn(b, s, hd, device="cuda", dtype=torch.float16)
+    y = torch.empty(b, s, hd, device="cuda", dtype=torch.float16)
+    for name, mk in (("padded", mask), ("zeros", torch.zeros_like(mask))):
+        bnd = sess.io_binding()
+        bnd.bind_input("X", "cuda", 0, np.float16, list(xin.shape), xin.data_ptr())
+        bnd.bind_input("attn_mask", "cuda", 0, np.float16, list(mk.shape), mk.data_ptr())
+        bnd.bind_output("Y", "cuda", 0, np.float16, list(y.shape), y.data_ptr())
+        trace = trace_kernels(torch, lambda: sess.run_with_iobinding(bnd), rounds=10, top=40)
+        ours = [r for r in trace["top"] if "opsfuse" in r["name"]]
+        per_layer = sum(r["us"] for r in ours) / layers
+        print(f"S={s} {layers} layers between GEMMs, mask={name}: attention kernel {per_layer:.1f} us per layer; "
+              f"GPU {trace['gpu_us']:.0f} us per run", flush=True)
+
+
+def stack_model(s, b, h, d, layers):
+    """layer_stack's graph (float16, random weights; inputs X (B,S,H*D) and attn_mask (B,1,1,S))."""
+    import numpy.random as npr
+    from onnx import TensorProto, helper, numpy_helper
+
+    from opsfuse import contract
+
+    fp16 = TensorProto.FLOAT16
+    hd = h * d
+    rng = npr.default_rng(0)
+    nodes, inits = [], []
+    x = "X"
+    for i in range(layers):
+        wq = numpy_helper.from_array((rng.standard_normal((hd, 3 * hd)) * 0.03).astype(np.float16), f"Wqkv{i}")
+        bq = numpy_helper.from_array((rng.standard_normal(3 * hd) * 0.03).astype(np.float16), f"Bqkv{i}")
+        wo = numpy_helper.from_array((rng.standard_normal((hd, hd)) * 0.03).astype(np.float16), f"Wo{i}")
+        inits += [wq, bq, wo]
+        nodes += [helper.make_node("MatMul", [x, f"Wqkv{i}"], [f"P{i}"]),
+                  helper.make_node("Add", [f"P{i}", f"Bqkv{i}"], [f"QKV{i}"]),
+                  helper.make_node(contract.OP_NAME, [f"QKV{i}", f"QKV{i}", f"QKV{i}", "attn_mask"], [f"A{i}"],
+                                   domain=contract.DOMAIN, scale=1.0 / d ** 0.5, q_num_heads=h, kv_num_heads=h,
+                                   packed_qkv=1),
+                  helper.make_node("MatMul", [f"A{i}", f"Wo{i}"], [f"Y{i}" if i < layers - 1 else "Y"])]
+        x = f"Y{i}"
+    g = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("X", fp16, [b, s, hd]),
+                                           helper.make_tensor_value_info("attn_mask", fp16, [b, 1, 1, s])],
+                          [helper.make_tensor_value_info("Y", fp16, [b, s, hd])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(contract.DOMAIN, contract.OP_VERSION)])
+    m.ir_version = 10
+    return m
 
 
 def main() -> int:
