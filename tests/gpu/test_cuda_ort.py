@@ -143,8 +143,8 @@ def to_3d(x):
 
 CASES_3D = [
     # dtype, (b, hq, hkv, sq, sk, d, dv), attrs, additive (B,1,1,Sk) mask. Each kernel family reads
-    # the (B, S, H*D) strides: Hopper prefill (fp16/bf16, D <= 128), decode (Sq=1), the portable
-    # kernel (D=256 or Dv != D), float32.
+    # the (B, S, H*D) strides: Hopper prefill (fp16/bf16, D <= 256; D = 256 in 64-key tiles), decode
+    # (Sq=1), float32; the "portable" run of each case sends fp16/bf16 prefill to the sm80 kernel.
     (np.float16, (2, 12, 12, 128, 128, 64, 64), {}, True),             # BERT-base layer shape
     (ml_dtypes.bfloat16, (1, 8, 2, 300, 300, 128, 128), {"is_causal": 1}, False),
     (np.float16, (3, 8, 2, 1, 1000, 128, 128), {"is_causal": 2}, True),
@@ -153,10 +153,13 @@ CASES_3D = [
 ]
 
 
+@pytest.mark.parametrize("kernels", ["default", "portable"])
 @pytest.mark.parametrize("case", range(len(CASES_3D)))
-def test_ort_cuda_ep_3d_form(ort, case):
+def test_ort_cuda_ep_3d_form(ort, case, kernels, monkeypatch):
     """The 3-D form on the CUDA EP: same kernels, strides of (B, S, H*D); the 2x rule on the
-    4-D reference of the same data."""
+    4-D reference of the same data. "portable": OPSFUSE_CUDA_DISABLE_HOPPER=1 (read at every call)."""
+    if kernels == "portable":
+        monkeypatch.setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1")
     dtype, (b, hq, hkv, sq, sk, d, dv), attrs, with_mask = CASES_3D[case]
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)

@@ -442,7 +442,8 @@ int main(int argc, char** argv) {
       {"f32 decode split d128", F, 2, 8, 8, 1, 3000, 128, 128, 0, 0.f, N, 0, 0},
       {"bf16 prefill split 8x4096", BF, 1, 1, 1, 8, 4096, 128, 128, 0, 0.f, N, 0, 0},
   };
-  // Cases for the Hopper kernel (float16 / bfloat16, D and Dv <= 128, D = 40 / Dv = 80 and D = 96
+  // Cases for the Hopper kernel (float16 / bfloat16; D and Dv <= 128 up to the D = 256 block at the
+  // end; D = 40 / Dv = 80 and D = 96
   // through the zero-filled bucket columns): odd sizes (not multiples of
   // the 128x128 tiles), causal 1 and 2, masks (bool with fully masked rows, additive), softcap,
   // key_lengths (incl. 0: every row of batch 0 fully masked, and > Sk: clamped), GQA group 4.
