@@ -163,6 +163,49 @@ def test_key_lengths_ignore_nan_past_length(dtype, sq, d):
     assert_within_2x_torch(out, q, k, v, None, lengths, what=f"NaN cache tail (seed {seed})")
 
 
+HOPPER_D256_CASES = {
+    # name: (b, hq, hkv, sq, sk, d, dv), attrs, mask kind, key lengths, environment
+    "causal1_boolmask_gqa2": ((2, 4, 2, 130, 260, 256, 256), {"is_causal": 1}, "bool", None, {}),
+    "causal2_addmask_softcap_dv200": ((1, 3, 3, 97, 300, 256, 200), {"is_causal": 2, "softcap": 20.0}, "additive",
+                                      None, {}),
+    "d200_dv256_kl": ((3, 4, 4, 150, 700, 200, 256), {}, None, [333, 1, 700], {}),
+    "persistent_causal1_kl_gqa4": ((2, 16, 4, 600, 600, 256, 256), {"is_causal": 1}, None, [600, 257],
+                                   {"OPSFUSE_CUDA_HOPPER_PERSISTENT": "1"}),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", sorted(HOPPER_D256_CASES))
+def test_head_size_256_features(dtype, case, monkeypatch):
+    """D = 256 with every feature (on an H100/H200 the Hopper kernel's 64-key tiles, forced also where
+    the portable plan would split the keys; elsewhere the portable kernel): masks with a fully masked
+    row, both causal alignments, softcap, Dv != D both ways, key_lengths with NaN in the cache past
+    them (V rows of a 64-key tile zeroed), GQA, a persistent grid."""
+    (b, hq, hkv, sq, sk, d, dv), attrs, mask_kind, lengths, env = HOPPER_D256_CASES[case]
+    monkeypatch.setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((b, 1, sq, sk)) < 0.8
+        mask[0, 0, 5, :] = False  # a fully masked row -> 0
+    elif mask_kind == "additive":
+        mask = (rng.standard_normal((sq, sk)) * 2).astype(dtype)
+    kl = None if lengths is None else np.array(lengths, dtype=np.int64)
+    k_run, v_run = k, v
+    if kl is not None:  # a padded cache: NaN past each batch's length must stay out
+        k_run, v_run = k.copy(), v.copy()
+        for i, n in enumerate(kl):
+            k_run[i, :, n:, :] = np.nan
+            v_run[i, :, n:, :] = np.nan
+    out = run_binding(q, k_run, v_run, attn_mask=mask, key_lengths=kl, **attrs)
+    assert np.all(np.isfinite(out.astype(np.float64))), f"non-finite output (seed {seed})"
+    assert_within_2x_torch(out, q, k, v, mask, kl, attrs.get("scale"), attrs.get("is_causal", 0),
+                           attrs.get("softcap", 0.0), what=f"D=256 {case} (seed {seed})")
+
+
 def test_key_lengths_clamped():
     """Values outside [0, Sk] are clamped on the device (they cannot be checked without a sync)."""
     rng, seed = fresh_rng()
