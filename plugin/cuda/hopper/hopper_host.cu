@@ -8,6 +8,7 @@
 #include <cudaTypedefs.h>
 
 #include "../kernel_args.h"
+#include "hopper_host.h"
 
 namespace opsfuse::cuda::detail {
 namespace {

@@ -7,6 +7,8 @@
 
 #include <cuda.h>  // CUtensorMap (types only: nothing links libcuda)
 
+#include "hopper_host.h"  // hopper_encode_map (the tensor maps these loads read)
+
 namespace opsfuse::cuda::detail {
 namespace hopper {
 
@@ -71,12 +73,5 @@ __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
 }
 
 }  // namespace hopper
-
-// Host side (hopper_host.cu): encodes a 4-D (columns, rows, heads, batch) 16-bit tensor map with
-// 128-byte swizzle and a (64, box_rows, 1, 1) box. strides: elements, KernelArgs order (batch,
-// head, row). l2_promotion: the size of the L2 fetch a miss asks DRAM for (0: none, 1: 128 bytes,
-// 2: 256 bytes). Returns false when the driver refuses the layout.
-bool hopper_encode_map(CUtensorMap* map, const void* base, bool bf16, int64_t cols, int64_t rows, int64_t heads,
-                       int64_t batch, const int64_t strides[3], int box_rows, int l2_promotion = 2);
 
 }  // namespace opsfuse::cuda::detail

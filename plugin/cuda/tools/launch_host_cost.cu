@@ -14,6 +14,10 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/kernel_args.h"
 
+#ifdef OPSFUSE_CUDA_HOPPER
+#include "cuda/hopper/hopper_host.h"
+#endif
+
 extern char** environ;
 
 namespace {
@@ -104,6 +108,14 @@ int main() {
       return 1;
     }
     const double ws_us = us_per_call(20000, [&] { sink += opsfuse::cuda::workspace_size(p) > 0; });
+#ifdef OPSFUSE_CUDA_HOPPER
+    // One TMA tensor map, as the Hopper kernels encode three (Q, K, V) or two (K, V) per launch.
+    CUtensorMap map;
+    const double encode_us = us_per_call(20000, [&] {
+      sink += opsfuse::cuda::detail::hopper_encode_map(&map, k, false, s.d, s.sk, s.hkv, s.b, skv, 128, 2) ? 1 : 0;
+    });
+    std::printf("%-26s one tensor-map encode %6.3f us\n", s.name, encode_us);
+#endif
     const double launch = launch_us(stream, 200, [&] { opsfuse::cuda::launch(p, ws, wsb, stream); });
     std::printf("%-26s kernel kind %d: workspace_size %6.3f us, launch %6.3f us (workspace %zu bytes)\n", s.name,
                 opsfuse::cuda::detail::last_launch_kind(), ws_us, launch, wsb);
