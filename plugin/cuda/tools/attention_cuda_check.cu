@@ -28,22 +28,13 @@
 
 #include "cuda/attention_cuda.h"
 #include "cuda/kernel_args.h"
+#include "tool_support.h"
 
 using opsfuse::AttentionParams;
 using opsfuse::DType;
 using opsfuse::MaskKind;
 
 namespace {
-
-#define CHECK_CUDA(x)                                                                       \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
-                  cudaGetErrorString(e_));                                                  \
-      std::exit(2);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 struct Case {
   const char* name;
@@ -331,21 +322,9 @@ int run_bench(cudaStream_t stream) {
                     {H, 8, 12, 128, 64, 0, 0},    {H, 8, 12, 128, 64, 0, 3},    {H, 8, 12, 512, 64, 0, 3}};
   for (const B& g : grid) {
     const int D = g.d;
-    const size_t n = size_t(g.b) * g.h * g.s * D;
-    void *q, *k, *v, *y, *m = nullptr;
-    CHECK_CUDA(cudaMalloc(&q, n * 2));
-    CHECK_CUDA(cudaMalloc(&k, n * 2));
-    CHECK_CUDA(cudaMalloc(&v, n * 2));
-    CHECK_CUDA(cudaMalloc(&y, n * 2));
-    CHECK_CUDA(cudaMemset(q, 0x3c, n * 2));
-    CHECK_CUDA(cudaMemset(k, 0x3b, n * 2));
-    CHECK_CUDA(cudaMemset(v, 0x3d, n * 2));
-    AttentionParams p;
-    p.q = q, p.k = k, p.v = v, p.y = y;
-    p.dtype = g.dt;
-    p.batch = g.b, p.heads_q = g.h, p.heads_kv = g.h, p.seq_q = g.s, p.seq_k = g.s, p.head_dim = D, p.head_dim_v = D;
-    const int64_t st[3] = {int64_t(g.h) * g.s * D, int64_t(g.s) * D, D};
-    for (int i = 0; i < 3; ++i) p.q_stride[i] = p.k_stride[i] = p.v_stride[i] = p.y_stride[i] = st[i];
+    opsfuse::tools::DenseQkv buffers;
+    AttentionParams p = opsfuse::tools::dense_params(&buffers, g.dt, g.b, g.h, g.h, g.s, g.s, D, 0x3c, 0x3b, 0x3d);
+    void* m = nullptr;
     if (g.mask == 1) {  // zeros: every key visible, the mask still read
       CHECK_CUDA(cudaMalloc(&m, size_t(g.b) * g.s * g.s * 2));
       CHECK_CUDA(cudaMemset(m, 0, size_t(g.b) * g.s * g.s * 2));
@@ -411,10 +390,7 @@ int run_bench(cudaStream_t stream) {
     }
     unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
     std::printf("\n");
-    CHECK_CUDA(cudaFree(q));
-    CHECK_CUDA(cudaFree(k));
-    CHECK_CUDA(cudaFree(v));
-    CHECK_CUDA(cudaFree(y));
+    opsfuse::tools::free_dense(buffers);
     if (m) CHECK_CUDA(cudaFree(m));
   }
   return 0;

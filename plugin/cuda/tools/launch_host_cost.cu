@@ -13,6 +13,7 @@
 
 #include "cuda/attention_cuda.h"
 #include "cuda/kernel_args.h"
+#include "tool_support.h"
 
 #ifdef OPSFUSE_CUDA_HOPPER
 #include "cuda/hopper/hopper_host.h"
@@ -21,15 +22,6 @@
 extern char** environ;
 
 namespace {
-
-#define CHECK_CUDA(x)                                                                               \
-  do {                                                                                              \
-    cudaError_t e_ = (x);                                                                           \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorName(e_), __FILE__, __LINE__);            \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
-  } while (0)
 
 __global__ void empty_kernel(int) {}
 __global__ void __cluster_dims__(2, 1, 1) empty_cluster_kernel(int) {}
@@ -79,26 +71,10 @@ int main() {
                           {"seed S=2048", 1, 12, 12, 2048, 2048, 64},
                           {"decode B=8 Hkv=8 Sk=1024", 8, 32, 8, 1, 1024, 128}};
   for (const Shape& s : shapes) {
-    opsfuse::AttentionParams p;
-    const size_t nq = size_t(s.b) * s.hq * s.sq * s.d, nkv = size_t(s.b) * s.hkv * s.sk * s.d;
-    void *q, *k, *v, *y;
-    CHECK_CUDA(cudaMalloc(&q, nq * 2));
-    CHECK_CUDA(cudaMalloc(&k, nkv * 2));
-    CHECK_CUDA(cudaMalloc(&v, nkv * 2));
-    CHECK_CUDA(cudaMalloc(&y, nq * 2));
-    CHECK_CUDA(cudaMemset(q, 0, nq * 2));
-    CHECK_CUDA(cudaMemset(k, 0, nkv * 2));
-    CHECK_CUDA(cudaMemset(v, 0, nkv * 2));
-    p.q = q, p.k = k, p.v = v, p.y = y;
-    p.dtype = s.d == 128 ? opsfuse::DType::kBFloat16 : opsfuse::DType::kFloat16;
-    p.batch = s.b, p.heads_q = s.hq, p.heads_kv = s.hkv, p.seq_q = s.sq, p.seq_k = s.sk;
-    p.head_dim = p.head_dim_v = s.d;
-    const int64_t sq[3] = {int64_t(s.hq) * s.sq * s.d, int64_t(s.sq) * s.d, s.d};
-    const int64_t skv[3] = {int64_t(s.hkv) * s.sk * s.d, int64_t(s.sk) * s.d, s.d};
-    for (int i = 0; i < 3; ++i) {
-      p.q_stride[i] = p.y_stride[i] = sq[i];
-      p.k_stride[i] = p.v_stride[i] = skv[i];
-    }
+    opsfuse::tools::DenseQkv buffers;
+    const opsfuse::DType dtype = s.d == 128 ? opsfuse::DType::kBFloat16 : opsfuse::DType::kFloat16;
+    opsfuse::AttentionParams p =
+        opsfuse::tools::dense_params(&buffers, dtype, s.b, s.hq, s.hkv, s.sq, s.sk, s.d, 0, 0, 0);
     p.scale = 0.125f;
     const size_t wsb = opsfuse::cuda::workspace_size(p);
     void* ws = nullptr;
@@ -112,17 +88,16 @@ int main() {
     // One TMA tensor map, as the Hopper kernels encode three (Q, K, V) or two (K, V) per launch.
     CUtensorMap map;
     const double encode_us = us_per_call(20000, [&] {
-      sink += opsfuse::cuda::detail::hopper_encode_map(&map, k, false, s.d, s.sk, s.hkv, s.b, skv, 128, 2) ? 1 : 0;
+      sink += opsfuse::cuda::detail::hopper_encode_map(&map, p.k, false, s.d, s.sk, s.hkv, s.b, p.k_stride, 128, 2)
+                  ? 1
+                  : 0;
     });
     std::printf("%-26s one tensor-map encode %6.3f us\n", s.name, encode_us);
 #endif
     const double launch = launch_us(stream, 200, [&] { opsfuse::cuda::launch(p, ws, wsb, stream); });
     std::printf("%-26s kernel kind %d: workspace_size %6.3f us, launch %6.3f us (workspace %zu bytes)\n", s.name,
                 opsfuse::cuda::detail::last_launch_kind(), ws_us, launch, wsb);
-    CHECK_CUDA(cudaFree(q));
-    CHECK_CUDA(cudaFree(k));
-    CHECK_CUDA(cudaFree(v));
-    CHECK_CUDA(cudaFree(y));
+    opsfuse::tools::free_dense(buffers);
     if (ws) CHECK_CUDA(cudaFree(ws));
   }
   CHECK_CUDA(cudaStreamDestroy(stream));
