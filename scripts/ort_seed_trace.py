@@ -28,7 +28,7 @@ import torch  # before onnxruntime: onnxruntime-gpu loads the CUDA libraries tor
 import numpy as np
 import onnxruntime as ort
 
-from opsfuse.bench.cuda import make_sets, n_sets, ort_bound_calls, ort_models, time_host
+from opsfuse.bench.cuda import make_sets, n_sets, ort_bound_calls, ort_cuda_session, ort_models, time_host
 from opsfuse.bench.kernel_trace import format_trace, trace_kernels
 
 PEERS = ("opsfuse via ORT", "ORT MultiHeadAttention", "ORT Attention-23")
@@ -57,7 +57,6 @@ def bert_layer(args) -> int:
     from onnx import TensorProto, helper
 
     from opsfuse import contract
-    import opsfuse
 
     b, h, d = 8, 12, 64
     fp16 = TensorProto.FLOAT16
@@ -88,10 +87,7 @@ def bert_layer(args) -> int:
                 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
                                                         helper.make_opsetid(contract.DOMAIN, contract.OP_VERSION)])
                 m.ir_version = 10
-                so = ort.SessionOptions()
-                so.register_custom_ops_library(opsfuse.get_library_path())
-                so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-                sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+                sess = ort_cuda_session(ort, m, opsfuse_op=True)
                 qkv = make()
                 y = torch.empty(out_shape, device="cuda", dtype=torch.float16)
                 bnd = sess.io_binding()
@@ -113,12 +109,7 @@ def layer_stack(s, mask, b, h, d, layers=12):
     Add) -> FusedAttention (packed, the mask) -> output projection (MatMul)] x layers, random fp16
     weights. The kernel's time per layer here against the node alone says whether the model's
     context (the GEMMs around it) is what slows it down."""
-    import opsfuse
-
-    m = stack_model(s, b, h, d, layers)
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(opsfuse.get_library_path())
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+    sess = ort_cuda_session(ort, stack_model(s, b, h, d, layers), opsfuse_op=True)
     hd = h * d
     xin = torch.randn(b, s, hd, device="cuda", dtype=torch.float16)
     y = torch.empty(b, s, hd, device="cuda", dtype=torch.float16)

@@ -203,17 +203,23 @@ def ort_models(dtype_name, b, h, s, d):
             "ORT Attention-23": (att23, "bhsd"), "opsfuse via ORT": (fused, "bhsd")}
 
 
+def ort_cuda_session(ort, model, opsfuse_op, session_options=None):
+    """An ORT session of ``model`` on the CUDA EP; ``opsfuse_op``: with opsfuse's library registered and
+    CPU fallback off, so that FusedAttention runs on the GPU or the session fails to build."""
+    import opsfuse
+
+    so = session_options or ort.SessionOptions()
+    if opsfuse_op:
+        so.register_custom_ops_library(opsfuse.get_library_path())
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=[("CUDAExecutionProvider", {"device_id": "0"})])
+
+
 def ort_bound_calls(ort, torch, name, model, layout, tensors_sets, out_shape, torch_dtype, np_dtype,
                     session_options=None):
     """An ORT CUDA session of ``model`` and one run_with_iobinding call per input set (device buffers).
     Returns (calls, outputs, providers, session)."""
-    import opsfuse
-
-    so = session_options or ort.SessionOptions()
-    if name.startswith("opsfuse"):
-        so.register_custom_ops_library(opsfuse.get_library_path())
-        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=[("CUDAExecutionProvider", {"device_id": "0"})])
+    sess = ort_cuda_session(ort, model, name.startswith("opsfuse"), session_options)
     providers = sess.get_providers()
     bindings = []
     outs = []
@@ -310,9 +316,7 @@ def run_seed(torch, ort, cuda_mod, rows, repeat, quick):
                     try:
                         calls, outs, prov, sess = ort_bound_calls(ort, torch, name, model, layout, sets, (b, h, s, d),
                                                                   tdt, npdt)
-                        # Every output buffer stays referenced while any session may still write it
-                        # (a freed one would be handed to the next session's outputs).
-                        ready[name] = (calls, outs, prov, layout, sess)
+                        ready[name] = (calls, outs[0], prov, layout, sess)
                     except Exception as exc:  # noqa: BLE001 - record and go on
                         _point(rows, **base, impl=name, mode="session.run", us=None, error=f"{type(exc).__name__}: {exc}")
                 try:
@@ -321,8 +325,8 @@ def run_seed(torch, ort, cuda_mod, rows, repeat, quick):
                     times = {}
                     for name in ready:
                         _point(rows, **base, impl=name, mode="session.run", us=None, error=f"{type(exc).__name__}: {exc}")
-                for name, (calls, outs, prov, layout, _sess) in ready.items() if times else ():
-                    us, y = times[name], outs[0]
+                for name, (calls, y, prov, layout, _sess) in ready.items() if times else ():
+                    us = times[name]
                     if layout == "bsh":
                         y = y.reshape(b, s, h, d).transpose(1, 2)
                     _point(rows, **base, impl=name, mode="session.run", us=us, tflops=fl / us / 1e6,
