@@ -4,6 +4,7 @@ notes in docs/notes/cuda_kernel.md quote its output).
     python scripts/ab_sweep.py decode  D=1 OPSFUSE_CUDA_DECODE_L2_PROMOTION=2 OPSFUSE_CUDA_HOPPER_DECODE=0
     python scripts/ab_sweep.py prefill D=1 OPSFUSE_CUDA_HOPPER_PINGPONG=0
     python scripts/ab_sweep.py prefill256 D=1 OPSFUSE_CUDA_DISABLE_HOPPER=1
+    python scripts/ab_sweep.py d64 D=1 OPSFUSE_CUDA_HOPPER_PINGPONG=0
 
 Each argument after the grid is one variant: comma-separated NAME=VALUE pairs set while that
 variant is captured (D=1 is a no-op: the defaults). Issue 5's decode shapes (B=8, Hq=32, Hkv 8 / 32,
@@ -25,7 +26,12 @@ PREFILL = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.bfloa
 # prefill256: the Hopper kernel's D = 256 (64-key tiles) against cuDNN; A/B with OPSFUSE_CUDA_DISABLE_HOPPER=1
 PREFILL256 = [(2, 16, 4096, 256, torch.bfloat16, 0), (2, 16, 4096, 256, torch.bfloat16, 1),
               (8, 16, 1024, 256, torch.bfloat16, 0)]
-MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", "prefill", "prefill256") else "decode"
+# d64: the Hopper kernel at D = 64 (the seed grid's and BERT's head size) from one to many items per
+# SM, to separate its per-key-tile rate from its fixed part (fp16, non-causal)
+D64 = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0),
+       (8, 12, 512, 64, torch.float16, 0), (4, 16, 4096, 64, torch.float16, 0)]
+GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64}
+MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 
 def sets_for(b, hq, hkv, sk):
@@ -61,7 +67,7 @@ if MODE == "decode":
     for shape in SHAPES:
         cases.append((f"B={shape[0]} Hkv={shape[2]} Sk={shape[3]}:", lambda shape=shape: sets_for(*shape), 0))
 else:
-    for (b, h, s_, d, dt, c) in PREFILL if MODE == "prefill" else PREFILL256:
+    for (b, h, s_, d, dt, c) in GRIDS[MODE]:
         cases.append((f"B={b} H={h} S={s_} D={d} {str(dt)[6:]} causal={c}:", lambda a=(b, h, s_, d, dt): prefill_sets(*a), c))
 for name, make, causal in cases:
     sets = make()

@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""One call each of opsfuse's kernel and PyTorch's cuDNN attention on one shape, for a profiler.
+
+Run it under Nsight Compute to compare the two kernels' pipe use and stalls on the same inputs:
+
+    ncu -k regex:"hopper_fwd|cudnn" --launch-skip 2 --launch-count 2 \\
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
+        python scripts/profile_kernels.py --shape 1,12,1024,64
+
+Each is called three times (the first two are warm-up: lazy module loading, cuDNN's plan), so
+--launch-skip 2 --launch-count 2 profiles the third call of each... in call order: the skip counts
+matching kernels, so with both names matched pass --launch-skip 4 --launch-count 2.
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import opsfuse.cuda as oc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="1,12,1024,64", help="B,H,S,D (Sq = Sk = S)")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--causal", type=int, default=0)
+    args = ap.parse_args()
+    b, h, s, d = (int(x) for x in args.shape.split(","))
+    dt = getattr(torch, args.dtype)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for _ in range(3):
+        y = oc.fused_attention(q, k, v, is_causal=args.causal)
+    for _ in range(3):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(args.causal))
+    torch.cuda.synchronize()
+    print(f"max |opsfuse - cuDNN| = {(y.float() - ref.float()).abs().max().item():.3e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
