@@ -545,7 +545,27 @@ size_t workspace_size(const AttentionParams& p) {
                   workspace_for(p, choose_plan(p, dev, sw)));  // see the top
 }
 
-Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes, void* stream_ptr) {
+namespace {
+
+// Where a launch's scratch space comes from: a caller's buffer of fixed size (launch() with a
+// workspace), or an allocator asked for what the chosen plan needs (launch() with a ScratchAlloc:
+// the plan is made once per call).
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  ScratchAlloc alloc = nullptr;
+  void* ctx = nullptr;
+  // True when at least `need` bytes are at ptr (asking the allocator when there is one).
+  bool ensure(size_t need) {
+    if (need == 0 || (ptr != nullptr && bytes >= need)) return true;
+    if (alloc == nullptr) return false;
+    ptr = alloc(ctx, need);
+    bytes = ptr != nullptr ? need : 0;
+    return ptr != nullptr;
+  }
+};
+
+Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr) {
   g_last_error.clear();
   const std::string bad = check_params(p);
   if (!bad.empty()) return fail(Status::kInvalidArgument, bad);
@@ -564,11 +584,13 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
   const Switches sw = read_switches();
   const Plan plan = choose_plan(p, dev, sw);
   const size_t need = workspace_for(p, plan);
-  if (need > 0 && (workspace == nullptr || workspace_bytes < need)) {
+  if (!scratch.ensure(need)) {
+    if (scratch.alloc != nullptr) return fail(Status::kDeviceError, "could not allocate the launch's scratch space");
     Message os;
-    os << "the launch needs " << need << " bytes of workspace (workspace_size), got " << workspace_bytes;
+    os << "the launch needs " << need << " bytes of workspace (workspace_size), got " << scratch.bytes;
     return fail(Status::kInvalidArgument, os.str());
   }
+  void* workspace = scratch.ptr;
 
   KernelArgs a{};
   a.q = p.q;
@@ -630,10 +652,9 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
     // launched): the portable plan instead, when the workspace covers it (workspace_size() counts
     // it; a caller that sized the workspace for the Hopper plan alone may fall short).
     const Plan fallback = choose_plan(p, dev, sw, /*allow_hopper=*/false);
-    const size_t fallback_need = workspace_for(p, fallback);
-    const RunFn fallback_run =
-        fallback_need == 0 || (workspace != nullptr && workspace_bytes >= fallback_need) ? pick_kernel(p, fallback) : nullptr;
+    const RunFn fallback_run = scratch.ensure(workspace_for(p, fallback)) ? pick_kernel(p, fallback) : nullptr;
     if (fallback_run != nullptr) {
+      workspace = scratch.ptr;
       bind_splits(fallback);
       g_last_kind = static_cast<int>(fallback.kind);
       ran = fallback;
@@ -650,6 +671,22 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
     if (err != cudaSuccess) return cuda_fail(err, "launching the split-KV combine kernel");
   }
   return Status::kOk;
+}
+
+}  // namespace
+
+Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes, void* stream) {
+  Scratch scratch;
+  scratch.ptr = workspace;
+  scratch.bytes = workspace == nullptr ? 0 : workspace_bytes;
+  return launch_with(p, scratch, stream);
+}
+
+Status launch(const AttentionParams& p, ScratchAlloc alloc, void* alloc_ctx, void* stream) {
+  Scratch scratch;
+  scratch.alloc = alloc;
+  scratch.ctx = alloc_ctx;
+  return launch_with(p, scratch, stream);
 }
 
 const char* last_error_message() { return g_last_error.c_str(); }

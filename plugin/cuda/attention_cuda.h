@@ -20,6 +20,15 @@ size_t workspace_size(const AttentionParams& p);
 // last_error_message() then says more.
 Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes, void* stream);
 
+// The same launch with scratch space from `alloc`, asked (alloc(alloc_ctx, bytes), returning null
+// when it cannot) only when the plan chosen for this call needs some — at most twice (the TMA
+// fallback). The caller frees what it handed out once launch returns (every later user of the
+// memory runs on `stream`). One plan per call where workspace_size() + launch() make two: the
+// ONNX Runtime op's path, where each microsecond before the launch is on session.run's critical
+// path.
+using ScratchAlloc = void* (*)(void* ctx, size_t bytes);
+Status launch(const AttentionParams& p, ScratchAlloc alloc, void* alloc_ctx, void* stream);
+
 // A human-readable description of the last error on this thread ("" after success).
 const char* last_error_message();
 

@@ -208,17 +208,23 @@ OrtStatusPtr FusedAttentionKernel::compute_cpu(Ort::KernelContext& ctx, const At
 
 OrtStatusPtr FusedAttentionKernel::compute_cuda(Ort::KernelContext& ctx, const AttentionParams& p) {
 #ifdef OPSFUSE_WITH_CUDA
-  void* stream = ctx.GetGPUComputeStream();
-  const size_t bytes = cuda::workspace_size(p);
-  void* workspace = nullptr;
-  if (bytes > 0) {
-    // Scratch comes from ORT's allocator for this EP; freeing right after the enqueue is safe
-    // because every later user of the block runs on the same compute stream.
-    workspace = device_allocator_->Alloc(device_allocator_, bytes);
-    if (workspace == nullptr) return error(ORT_FAIL, "could not allocate CUDA scratch space");
-  }
-  Status st = cuda::launch(p, workspace, bytes, stream);
-  if (workspace != nullptr) device_allocator_->Free(device_allocator_, workspace);
+  // Scratch comes from ORT's allocator for this EP, asked for inside the launch only when its plan
+  // needs some (one plan per call); freeing right after the enqueue is safe because every later
+  // user of the block runs on the same compute stream.
+  struct Blocks {
+    OrtAllocator* allocator;
+    void* ptr[2];
+    int n;
+  } blocks{device_allocator_, {nullptr, nullptr}, 0};
+  auto alloc = [](void* ctx, size_t bytes) -> void* {
+    Blocks& b = *static_cast<Blocks*>(ctx);
+    if (b.n == 2) return nullptr;
+    void* ptr = b.allocator->Alloc(b.allocator, bytes);
+    if (ptr != nullptr) b.ptr[b.n++] = ptr;
+    return ptr;
+  };
+  Status st = cuda::launch(p, alloc, &blocks, ctx.GetGPUComputeStream());
+  for (int i = 0; i < blocks.n; ++i) device_allocator_->Free(device_allocator_, blocks.ptr[i]);
   if (st != Status::kOk) {
     const OrtErrorCode code = st == Status::kInvalidArgument ? ORT_INVALID_ARGUMENT
                               : st == Status::kUnsupported   ? ORT_NOT_IMPLEMENTED
