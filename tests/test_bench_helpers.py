@@ -45,3 +45,22 @@ def test_time_host_interleaved_rotates_and_times_every_call():
     assert [r[0][0] for r in rounds] == ["a", "b", "c", "a", "b", "c"]
     assert all(sorted(n for n, _ in r) == ["a", "b", "c"] for r in rounds)
     assert [i for n, i in log if n == "b"] == [0, 1, 2, 0, 1, 2]
+
+
+def test_summary_carries_both_errors_and_the_table_shows_them():
+    """The best peer is the fastest whatever its accuracy (a TF32 float32 graph wins on time), so the
+    summary and its table carry opsfuse's and the peer's error side by side."""
+    from opsfuse.bench.cuda import _markdown, _summaries
+
+    def row(impl, us, err):
+        return dict(grid="seed", case="B=1 H=12 S=512 D=64 float32", impl=impl, mode="session.run", us=us,
+                    tflops=1.0, tbps=0.1, rel_err=err)
+
+    rows = [row("ORT unfused graph", 60.0, 4.3e-4), row("ORT MultiHeadAttention", 89.0, 5.9e-7),
+            row("opsfuse via ORT", 82.0, 5.0e-7)]
+    (s,) = _summaries(rows)
+    assert s["best_peer"] == "ORT unfused graph" and s["speedup"] < 1.0
+    assert s["opsfuse_err"] == 5.0e-7 and s["peer_err"] == 4.3e-4
+    meta = dict(date="d", gpu="g", cuda="c", torch="t", onnxruntime="o", command="cmd", ceilings={})
+    table_row = next(line for line in _markdown(meta, rows, [s]).splitlines() if "| via ORT |" in line)
+    assert table_row.endswith("| 5.0e-07 | 4.3e-04 |")
