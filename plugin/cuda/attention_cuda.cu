@@ -13,6 +13,8 @@
 //   OPSFUSE_CUDA_HOPPER_PERSISTENT=0 / 1  no persistent Hopper grid / one also for causal and
 //                                  key_lengths launches (hopper_persistent()).
 //   OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0  (A/B) masks through the Hopper kernel's general scoring.
+//   OPSFUSE_CUDA_HOPPER_TMA_STORE=0  (A/B, tests) the Hopper kernel stores Y from registers instead
+//                                  of through shared memory and TMA.
 //   OPSFUSE_CUDA_DECODE_NO_CLUSTER=1  (tests) split decode through the workspace + combine kernel
 //                                  also where the sm_90 cluster merge would run (choose_plan).
 //   OPSFUSE_CUDA_DECODE_SPLITS=N   (benchmark sweeps) decode with N key splits.
@@ -123,9 +125,9 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 // common prefix are compared with the names.
 Switches read_switches() {
   static constexpr const char* kNames[] = {
-      "DISABLE_HOPPER", "FORCE_HOPPER",  "HOPPER_DECODE",  "HOPPER_PERSISTENT",  "HOPPER_SPLITS",
-      "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS", "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "DECODE_SPLITS",
-      "DECODE_NO_CLUSTER", "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
+      "DISABLE_HOPPER",    "FORCE_HOPPER",      "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
+      "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS", "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
+      "DECODE_SPLITS",     "DECODE_NO_CLUSTER", "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
                 "one name per Switch, in its order");
   static constexpr char kPrefix[] = "OPSFUSE_CUDA_";
@@ -412,6 +414,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   plan.pingpong = !sw.is(Switch::kHopperPingpong, '0');
   plan.mask_classes = !sw.is(Switch::kHopperMaskClasses, '0');
   plan.mask_pairs = !sw.is(Switch::kHopperMaskPairs, '0');
+  plan.tma_store = !sw.is(Switch::kHopperTmaStore, '0');
   if (const char* promo = sw.get(Switch::kDecodeL2Promotion)) plan.l2_promotion = std::atoi(promo);
   plan.evict_first = !sw.is(Switch::kDecodeEvictFirst, '0');
   return plan;

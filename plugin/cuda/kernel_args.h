@@ -60,6 +60,7 @@ enum class Switch : int {
   kHopperMaskPairs,     // OPSFUSE_CUDA_HOPPER_MASK_PAIRS
   kHopperPingpong,      // OPSFUSE_CUDA_HOPPER_PINGPONG
   kHopperMaskClasses,   // OPSFUSE_CUDA_HOPPER_MASK_CLASSES
+  kHopperTmaStore,      // OPSFUSE_CUDA_HOPPER_TMA_STORE
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -106,6 +107,7 @@ struct Plan {
   bool pingpong = true;        // kHopper: the inter-warpgroup schedule
   bool mask_classes = true;    // kHopper: padding-mask tile classes
   bool mask_pairs = true;      // kHopper: masks read as aligned column pairs where the layout allows
+  bool tma_store = true;       // kHopper: the output through shared memory and TMA stores (D <= 128)
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
   bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };

@@ -8,9 +8,10 @@
 // persistent grid of one block per SM looping over items, choose_plan's plan.persistent;
 // 3 warpgroups, 384 threads):
 //  - warpgroup 0, the producer: gives its registers away (setmaxnreg.dec 24); one thread issues
-//    the TMA loads (cp.async.bulk.tensor, 128-byte swizzle) of the Q tile once and of the K and V
-//    tiles into a kStages-deep shared-memory ring, each with a "full" mbarrier (transaction bytes)
-//    and an "empty" mbarrier that the consumers release.
+//    the TMA loads (cp.async.bulk.tensor, 128-byte swizzle) of each item's Q tile (into one of
+//    Config::kQBuffers buffers, so that a persistent block's next Q is in flight during the current
+//    item) and of the K and V tiles into a kStages-deep shared-memory ring, each with a "full"
+//    mbarrier (transaction bytes) and an "empty" mbarrier that the consumers release.
 //  - warpgroups 1 and 2, the consumers (setmaxnreg.inc 240): 64 query rows each.
 //      S = Q K^T   wgmma m64n128k16 (m64n64k16 at D = 256: 64-key tiles, see Config), A = Q and
 //                  B = K from shared memory (both K-major),
@@ -23,6 +24,9 @@
 //    S(j) and P(j-1)V(j-1) are issued back to back, the warpgroup waits for S(j) only, does the
 //    softmax, then waits for the P V product before re-packing P(j) (FlashAttention-3's
 //    intra-warpgroup overlap); the two consumer warpgroups also overlap each other.
+//  - Epilogue: O / l into the output tile in shared memory (Q's swizzled layout), then one TMA store
+//    per 64-column region and warpgroup (Config::kOStage, D <= 128); D = 256 and layouts the driver
+//    refuses as a tensor map store from registers.
 //  - Causal: key tiles past the block's last visible key are never loaded; GQA: K/V of kv head
 //    h / group (each query head its own blocks, K/V reuse through L2); keys >= Sk arrive as zeros
 //    (TMA out-of-bounds fill) and are masked to -inf; query rows >= Sq are zero-filled by TMA and
@@ -86,13 +90,24 @@ constexpr int kConsumerWarps = 8;
 // one tile overlaps S of the next, that S and the P operand: 64 + 32 registers at 128 keys do not
 // fit beside O in setmaxnreg's 240, 32 + 16 at 64 keys do. Two stages of 64-key K and V tiles plus
 // Q fill 193 KB of shared memory.
+// kQBuffers: Q tiles in flight. With two (D <= 128: 129 / 193 KB in all), a persistent block's
+// producer loads the next item's Q as soon as it has issued the current item's last K/V tile, not
+// when the consumers release Q after the item's last S product (Nsight Compute, prefill B=8 H=16
+// S=1024 D=128: ~13 % of the warps' stall samples were the first tile's waits); D = 256 has no room.
+// kOStage: the output tile is staged in shared memory (the Q tile's layout) and written by TMA
+// stores, one per 64-column region and consumer warpgroup (the same profile: ~13 % of the samples in
+// the epilogue's 32 four-byte global stores per thread at D = 128, which throttle the LSU); D <= 128
+// (225 KB in all at D = 128), D = 256 stores from registers.
 template <int kD>
 struct Config {
   static constexpr int kBN = kD == 256 ? 64 : hopper::kBN;
   static constexpr int kStages = kD == 64 ? 3 : 2;
-  static constexpr int kQBytes = kBM * kD * 2;
+  static constexpr int kQBuffers = kD == 256 ? 1 : 2;
+  static constexpr bool kOStage = kD <= 128;
+  static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
   static constexpr int kKVBytes = kBN * kD * 2;  // one K (or V) tile
-  static constexpr int kSmem = kQBytes + 2 * kStages * kKVBytes + 1024;  // + alignment slack
+  static constexpr int kSmem =
+      (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + 1024;  // + alignment slack
 };
 
 // --- PTX wrappers (TMA / mbarrier ones: tma_ops.cuh) ------------------------------------------
@@ -290,25 +305,30 @@ template <typename T, int kD, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                      const int pingpong, const int n_work, const int splits, const int mask_classes,
-                      const int tail_round) {
+                      const __grid_constant__ CUtensorMap tm_y, const int pingpong, const int n_work,
+                      const int splits, const int mask_classes, const int tail_round, const int tma_store) {
   using Cfg = Config<kD>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
   constexpr int kBN = Cfg::kBN;      // keys per tile (shadows the namespace's D <= 128 value)
 
   extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t bars[2 + 4 * kStages];
+  constexpr int kQBuffers = Cfg::kQBuffers;
+  __shared__ __align__(8) uint64_t bars[2 * kQBuffers + 4 * kStages];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base;
-  const uint32_t sK = sQ + Cfg::kQBytes;                 // stage s at sK + s * kKVBytes
+  const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
+  const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
+  const uint32_t sO = sK + 2 * kStages * Cfg::kKVBytes;  // the output tile (Config::kOStage)
   const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kKVBytes
-  const uint32_t bar_q = smem_u32(&bars[0]);
-  auto bar_kfull = [&](int s) { return smem_u32(&bars[1 + s]); };
-  auto bar_vfull = [&](int s) { return smem_u32(&bars[1 + kStages + s]); };
-  auto bar_kempty = [&](int s) { return smem_u32(&bars[1 + 2 * kStages + s]); };
-  auto bar_vempty = [&](int s) { return smem_u32(&bars[1 + 3 * kStages + s]); };
-  const uint32_t bar_qempty = smem_u32(&bars[1 + 4 * kStages]);
+  auto bar_kfull = [&](int s) { return smem_u32(&bars[s]); };
+  auto bar_vfull = [&](int s) { return smem_u32(&bars[kStages + s]); };
+  auto bar_kempty = [&](int s) { return smem_u32(&bars[2 * kStages + s]); };
+  auto bar_vempty = [&](int s) { return smem_u32(&bars[3 * kStages + s]); };
+  // Round r of a block uses Q buffer r % kQBuffers for the (r / kQBuffers)-th time: its "full"
+  // barrier's phase parity, and that of the release the producer waits for before reusing it.
+  auto bar_q = [&](int r) { return smem_u32(&bars[4 * kStages + r % kQBuffers]); };
+  auto bar_qempty = [&](int r) { return smem_u32(&bars[4 * kStages + kQBuffers + r % kQBuffers]); };
+  auto q_parity = [&](int r) { return static_cast<uint32_t>((r / kQBuffers) & 1); };
 
   // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
   // (K/V reuse in L2), heaviest (causal) first. n_work items in all: one per block unless the
@@ -375,8 +395,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensormap(&tm_q);
     prefetch_tensormap(&tm_k);
     prefetch_tensormap(&tm_v);
-    mbar_init(bar_q, 1);
-    mbar_init(bar_qempty, kConsumerWarps);
+    if (Cfg::kOStage && tma_store) prefetch_tensormap(&tm_y);
+    for (int b = 0; b < kQBuffers; ++b) {
+      mbar_init(bar_q(b), 1);
+      mbar_init(bar_qempty(b), kConsumerWarps);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_kfull(s), 1);
       mbar_init(bar_vfull(s), 1);
@@ -396,12 +419,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       int round = 0;
       for (int w = item_of(0); w < n_work; w = item_of(++round)) {
         const Work wk = work_of(w, splits_in(round));
-        // Q of the previous item is released by the consumers after its last S = Q K^T.
-        if (round > 0) mbar_wait(bar_qempty, (round - 1) & 1);
-        mbar_expect_tx(bar_q, Cfg::kQBytes);
+        // The Q buffer's previous item (round - kQBuffers) released it after its last S = Q K^T.
+        if (round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
+        const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
+        mbar_expect_tx(bar_q(round), Cfg::kQBytes);
 #pragma unroll
         for (int c = 0; c < kRegions; ++c)
-          tma_load_4d(sQ + c * kBM * 128, &tm_q, bar_q, c * 64, wk.row0, wk.h, wk.b);
+          tma_load_4d(sq + c * kBM * 128, &tm_q, bar_q(round), c * 64, wk.row0, wk.h, wk.b);
         for (int it = wk.t_begin; it < wk.t_end; ++it, ++kv) {
           const int s = kv % kStages;
           const uint32_t empty_parity = ((kv / kStages) & 1) ^ 1;  // first use of a stage passes at once
@@ -475,7 +499,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     using PFrag = uint32_t[kBN / 16][4];
     PFrag p;  // P as the A operand of O += P V
 
-    const uint32_t q_off = sQ + cw * 64 * 128;  // this warpgroup's 64 rows in each Q region
+    // This warpgroup's 64 rows in each region of the round's Q buffer.
+    const uint32_t q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + cw * 64 * 128;
     auto issue_qk = [&](int stage) {
       const uint32_t kb = sK + stage * Cfg::kKVBytes;
 #pragma unroll
@@ -713,10 +738,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       class_load(t_begin, 0);
       if (n_tiles > 1) class_load(t_begin + 1, 1);
     }
-    mbar_wait(bar_q, round & 1);
+    mbar_wait(bar_q(round), q_parity(round));
     __syncwarp();
-    // Q is released (for the block's next item) after the item's last S = Q K^T.
-    if (n_tiles == 0 && lane == 0) mbar_arrive(bar_qempty);
+    // Q is released (for the item kQBuffers rounds later) after the item's last S = Q K^T.
+    if (n_tiles == 0 && lane == 0) mbar_arrive(bar_qempty(round));
     if (n_tiles > 0) {
       // First tile: S, softmax, P.
       const int st0 = stage_of(t_begin);
@@ -730,7 +755,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       reg_fence(s);
       if (lane == 0) mbar_arrive(bar_kempty(st0));
-      if (n_tiles == 1 && lane == 0) mbar_arrive(bar_qempty);
+      if (n_tiles == 1 && lane == 0) mbar_arrive(bar_qempty(round));
       const int cls0 = class_vote(t_begin, 0);
       int cls_next = n_tiles > 1 ? class_vote(t_begin + 1, 1) : kTileMixed;  // tile it + 1's class
       with_scoring(t_begin, cls0, [&](auto variant) { softmax(t_begin, variant, t_begin * kBN + cls0); });
@@ -761,7 +786,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
         reg_fence(s);
         if (lane == 0) mbar_arrive(bar_kempty(st));
-        if (it == t_end - 1 && lane == 0) mbar_arrive(bar_qempty);
+        if (it == t_end - 1 && lane == 0) mbar_arrive(bar_qempty(round));
         // The next tile's class, before the scoring needs the registers (its loads went out at the
         // start of this step, ahead of the barrier waits and the S product).
         if (it + 1 < t_end) cls_next = class_vote(it + 1, 0);
@@ -849,7 +874,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       cluster_sync();  // no block leaves (freeing its shared memory) while rank 0 still reads it
-      if (split > 0) return;
+      if (split > 0) {
+        if (Cfg::kOStage && tma_store && t == 0) bulk_wait();  // earlier rounds' output stores
+        return;
+      }
     }
 
     // Epilogue: row sums across the quad, normalize, store (fully masked rows: l = 0 -> 0). It runs
@@ -858,6 +886,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     // it ~500 instructions and ~18 % of the warps' stall samples, "no instruction"). A row with a
     // visible key has l >= 1 (its max scores exp2(0)), where the approximate reciprocal is within
     // 1 ulp; full rows (Dv = the bucket, paired stores allowed) store without per-pair checks.
+    if (Cfg::kOStage && tma_store) {
+      // Through shared memory: each warpgroup writes its 64 rows into the output tile in the TMA
+      // box layout (128-byte rows, 16-byte chunk k of row r at chunk k ^ (r % 8): the swizzle, which
+      // also spreads a warp's 8 rows over all 32 banks), then one thread stores each 64-column
+      // region with TMA (rows >= Sq and columns >= Dv are clipped by the tensor map). Named barrier
+      // 4 + cw; the previous item's stores must have read the buffer first.
+      const uint32_t so = sO + cw * 64 * 128;
+      auto wg_sync = [&]() {  // immediates: a register barrier id would make ptxas reserve all 16
+        if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+        else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+      };
+      if (t == 0) bulk_wait_read();
+      wg_sync();
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float l = l_run[hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? rcp_approx(l) : 0.0f;
+        const int r = warp * 16 + lane / 4 + hh * 8;
+#pragma unroll
+        for (int i = 0; i < kD / 8; ++i) {
+          const uint32_t addr = so + (i / 8) * (kBM * 128) + r * 128 + (((i % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr),
+                       "r"(pack2<T>(o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv))
+                       : "memory");
+        }
+      }
+      fence_proxy_async_smem();
+      wg_sync();
+      if (t == 0) {
+#pragma unroll
+        for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0 + cw * 64, h, b);
+        bulk_commit();
+      }
+      kv_base = ring0 + t_end;
+      continue;
+    }
     const bool full_rows = a.head_dim_v == kD && a.vec_store != 0;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -885,6 +951,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     kv_base = ring0 + t_end;
   }  // work items
+  // The output tile's last TMA stores complete before the block (and its shared memory) is gone.
+  if (Cfg::kOStage && tma_store && t == 0) bulk_wait();
 }
 
 }  // namespace hopper
@@ -908,11 +976,20 @@ template <typename T, int kD>
 cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
   using Cfg = hopper::Config<kD>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  CUtensorMap tq, tk, tv;
+  CUtensorMap tq, tk, tv, ty;
   if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM) ||
       !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, Cfg::kBN) ||
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, Cfg::kBN))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
+  // Y through TMA stores (64-row boxes, one per consumer warpgroup) where the driver takes its layout
+  // (16-byte aligned base and strides) and plan.tma_store (OPSFUSE_CUDA_HOPPER_TMA_STORE=0: stores
+  // from registers, to measure); otherwise the kernel stores from registers.
+  const int tma_store = Cfg::kOStage && plan.tma_store &&
+                                hopper_encode_map(&ty, a.y, kBf16, a.head_dim_v, a.seq_q, a.heads_q, a.batch,
+                                                  a.y_stride, 64, /*l2_promotion=*/0)
+                            ? 1
+                            : 0;
+  if (!tma_store) ty = tq;  // a valid map in the unused parameter
   static int smem_done[4][64] = {};
   // D = 256 reads masks through the general scoring: the pair loads' 16 registers do not fit
   // beside its 128-register O (ptxas spilled them), and that leaves two instantiations to compile.
@@ -973,21 +1050,22 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     const int fit = max_active_clusters_cached(clusters_cache[mode], kernel, hopper::kThreads, Cfg::kSmem, 2);
     if (2 * static_cast<int64_t>(fit) < tail_grid) {
       kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
-            a, tq, tk, tv, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX);
+          a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX, tma_store);
       return cudaGetLastError();
     }
-    err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, pingpong, static_cast<int>(blocks), 1, mask_classes,
-                             static_cast<int>(blocks / tail_grid));
+    err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), 1, mask_classes,
+                             static_cast<int>(blocks / tail_grid), tma_store);
     if (err != cudaSuccess) return err;
     return cudaGetLastError();
   }
   if (splits <= 1) {
     kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
-        a, tq, tk, tv, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX);
+        a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX, tma_store);
     return cudaGetLastError();
   }
   if (plan.persistent > 0 || splits > 8) return cudaErrorInvalidValue;
-  err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, pingpong, static_cast<int>(blocks), splits, mask_classes, INT_MAX);
+  err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), splits, mask_classes,
+                           INT_MAX, tma_store);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }

@@ -1,6 +1,7 @@
 // Internal to plugin/cuda/hopper: PTX wrappers for the sm_90 asynchronous-copy machinery shared by
 // the Hopper prefill kernel (hopper_fwd.cuh) and the Hopper decode kernel (hopper_decode.cuh):
-// mbarriers (init / expect_tx / arrive / parity wait) and TMA tensor-map loads completing on one.
+// mbarriers (init / expect_tx / arrive / parity wait), TMA tensor-map loads completing on one, and
+// TMA stores in bulk groups.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +62,24 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
+}
+
+// TMA store: shared memory (laid out as the map's box, 128-byte swizzle) to the box of the 4-D tensor
+// map at (c0, c1, c2, c3); elements outside the tensor (rows >= Sq, columns >= Dv) are not written.
+// Tracked per issuing thread in bulk groups: commit, then wait until the group has read its shared
+// memory (before the buffer is rewritten) or has completed (before the thread exits).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (a TMA store).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Makes mbarrier inits visible to the async proxy (TMA) and the other threads before first use.
