@@ -318,8 +318,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
-  const uint32_t sO = sK + 2 * kStages * Cfg::kKVBytes;  // the output tile (Config::kOStage)
   const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kKVBytes
+  const uint32_t sO = sK + 2 * kStages * Cfg::kKVBytes;  // the output tile (Config::kOStage)
   auto bar_kfull = [&](int s) { return smem_u32(&bars[s]); };
   auto bar_vfull = [&](int s) { return smem_u32(&bars[kStages + s]); };
   auto bar_kempty = [&](int s) { return smem_u32(&bars[2 * kStages + s]); };
@@ -886,6 +886,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // it ~500 instructions and ~18 % of the warps' stall samples, "no instruction"). A row with a
     // visible key has l >= 1 (its max scores exp2(0)), where the approximate reciprocal is within
     // 1 ulp; full rows (Dv = the bucket, paired stores allowed) store without per-pair checks.
+    // The sum of row hh (0 / 1) over the quad's four lanes (every lane takes part), and its inverse.
+    auto row_sum = [&](int hh) {
+      float l = l_run[hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      return l;
+    };
+    auto inverse = [](float l) { return l > 0.0f ? rcp_approx(l) : 0.0f; };
     if (Cfg::kOStage && tma_store) {
       // Through shared memory: each warpgroup writes its 64 rows into the output tile in the TMA
       // box layout (128-byte rows, 16-byte chunk k of row r at chunk k ^ (r % 8): the swizzle, which
@@ -901,10 +909,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg_sync();
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float l = l_run[hh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l > 0.0f ? rcp_approx(l) : 0.0f;
+        const float inv = inverse(row_sum(hh));
         const int r = warp * 16 + lane / 4 + hh * 8;
 #pragma unroll
         for (int i = 0; i < kD / 8; ++i) {
@@ -927,12 +932,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool full_rows = a.head_dim_v == kD && a.vec_store != 0;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float l = l_run[hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = row_sum(hh);
       const int pos = rbase + hh * 8;
       if (pos >= a.seq_q) continue;
-      const float inv = l > 0.0f ? rcp_approx(l) : 0.0f;
+      const float inv = inverse(l);
       T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + h * a.y_stride[1] + pos * a.y_stride[2];
       if (full_rows) {
 #pragma unroll
@@ -1041,6 +1044,18 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  // The kernel on `grid` blocks without clusters (every round unsplit), or as cfg's clusters with
+  // `key_splits` per item and split rounds from `tail_round` on.
+  auto launch_plain = [&] {
+    kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
+        a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX, tma_store);
+    return cudaGetLastError();
+  };
+  auto launch_clusters = [&](int key_splits, int tail_round) {
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks),
+                                             key_splits, mask_classes, tail_round, tma_store);
+    return e != cudaSuccess ? e : cudaGetLastError();
+  };
   if (tail) {
     // A persistent grid must be resident at once (one wave): with clusters of 2 that needs
     // tail_grid / 2 co-resident clusters (cudaOccupancyMaxActiveClusters, asked once per device
@@ -1048,26 +1063,12 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     // the plain persistent grid runs instead.
     static int clusters_cache[4][64] = {};
     const int fit = max_active_clusters_cached(clusters_cache[mode], kernel, hopper::kThreads, Cfg::kSmem, 2);
-    if (2 * static_cast<int64_t>(fit) < tail_grid) {
-      kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
-          a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX, tma_store);
-      return cudaGetLastError();
-    }
-    err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), 1, mask_classes,
-                             static_cast<int>(blocks / tail_grid), tma_store);
-    if (err != cudaSuccess) return err;
-    return cudaGetLastError();
+    if (2 * static_cast<int64_t>(fit) < tail_grid) return launch_plain();
+    return launch_clusters(1, static_cast<int>(blocks / tail_grid));
   }
-  if (splits <= 1) {
-    kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
-        a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX, tma_store);
-    return cudaGetLastError();
-  }
+  if (splits <= 1) return launch_plain();
   if (plan.persistent > 0 || splits > 8) return cudaErrorInvalidValue;
-  err = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), splits, mask_classes,
-                           INT_MAX, tma_store);
-  if (err != cudaSuccess) return err;
-  return cudaGetLastError();
+  return launch_clusters(splits, INT_MAX);
 }
 
 }  // namespace opsfuse::cuda::detail
