@@ -1,15 +1,14 @@
 #!/usr/bin/env python3
-"""One call each of opsfuse's kernel and PyTorch's cuDNN attention on one shape, for a profiler.
+"""opsfuse's kernel and PyTorch's cuDNN attention on the same inputs of one shape, for a profiler.
 
-Run it under Nsight Compute to compare the two kernels' pipe use and stalls on the same inputs:
+Each is called three times, opsfuse first (the first calls are warm-up: lazy module loading,
+cuDNN's plan). Nsight Compute's --launch-skip counts the kernels its -k filter matches, so profile
+the third call of one kernel at a time:
 
-    ncu -k regex:"hopper_fwd|cudnn" --launch-skip 2 --launch-count 2 \\
-        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
+    ncu -k regex:hopper_fwd --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+        --section WarpStateStats --section SourceCounters -o ours \
         python scripts/profile_kernels.py --shape 1,12,1024,64
-
-Each is called three times (the first two are warm-up: lazy module loading, cuDNN's plan), so
---launch-skip 2 --launch-count 2 profiles the third call of each... in call order: the skip counts
-matching kernels, so with both names matched pass --launch-skip 4 --launch-count 2.
+    ncu -k regex:cudnn ... (the same) -o cudnn ...
 """
 import argparse
 
