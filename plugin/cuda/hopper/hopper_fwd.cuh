@@ -662,7 +662,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                      "r"(0u)
                      : "memory");
       }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      fence_proxy_async_smem();
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
     };
     auto rescale_o_by = [&](const float (&f)[2]) {
