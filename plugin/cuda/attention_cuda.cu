@@ -653,7 +653,8 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   if (err == cudaErrorNotSupported && (plan.kind == KernelKind::kHopper || plan.kind == KernelKind::kHopperDecode)) {
     // The driver refused a TMA layout that the eligibility checks let through (nothing was
     // launched): the portable plan instead, when the workspace covers it (workspace_size() counts
-    // it; a caller that sized the workspace for the Hopper plan alone may fall short).
+    // it; a caller that sized the workspace for the Hopper plan alone may fall short) or the
+    // scratch allocator hands out what it needs.
     const Plan fallback = choose_plan(p, dev, sw, /*allow_hopper=*/false);
     const RunFn fallback_run = scratch.ensure(workspace_for(p, fallback)) ? pick_kernel(p, fallback) : nullptr;
     if (fallback_run != nullptr) {
