@@ -5,6 +5,7 @@ notes in docs/notes/cuda_kernel.md quote its output).
     python scripts/ab_sweep.py prefill D=1 OPSFUSE_CUDA_HOPPER_PINGPONG=0
     python scripts/ab_sweep.py prefill256 D=1 OPSFUSE_CUDA_DISABLE_HOPPER=1
     python scripts/ab_sweep.py d64 D=1 OPSFUSE_CUDA_HOPPER_PINGPONG=0
+    python scripts/ab_sweep.py pshort D=1 OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=1
 
 Each argument after the grid is one variant: comma-separated NAME=VALUE pairs set while that
 variant is captured (D=1 is a no-op: the defaults). Issue 5's decode shapes (B=8, Hq=32, Hkv 8 / 32,
@@ -30,7 +31,11 @@ PREFILL256 = [(2, 16, 4096, 256, torch.bfloat16, 0), (2, 16, 4096, 256, torch.bf
 # SM, to separate its per-key-tile rate from its fixed part (fp16, non-causal)
 D64 = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0),
        (8, 12, 512, 64, torch.float16, 0), (4, 16, 4096, 64, torch.float16, 0)]
-GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64}
+# pshort: the D = 128 prefill points of issue 7 that a quick A/B needs (one persistent grid with a
+# partial round, one with a near-empty last round, causal, the longest)
+PSHORT = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 0),
+          (8, 16, 4096, 128, torch.bfloat16, 1), (2, 16, 16384, 128, torch.bfloat16, 0)]
+GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 
