@@ -109,6 +109,12 @@ constexpr int kConsumerWarps = 8;
 #ifndef OPSFUSE_HOPPER_EXP_FMA_D128
 #define OPSFUSE_HOPPER_EXP_FMA_D128 0
 #endif
+#ifndef OPSFUSE_HOPPER_MAX_CHAINS
+#define OPSFUSE_HOPPER_MAX_CHAINS 4
+#endif
+#ifndef OPSFUSE_HOPPER_STAGES_D64
+#define OPSFUSE_HOPPER_STAGES_D64 3
+#endif
 #ifndef OPSFUSE_HOPPER_LAZY_RESCALE
 #define OPSFUSE_HOPPER_LAZY_RESCALE 0
 #endif
@@ -118,7 +124,7 @@ struct Config {
   static constexpr int kBN = kD == 256 ? 64 : hopper::kBN;
   static constexpr int kExpFmaEvery = kD == 64 ? OPSFUSE_HOPPER_EXP_FMA_D64 : kD == 128 ? OPSFUSE_HOPPER_EXP_FMA_D128 : 0;
   static constexpr bool kLazyRescale = OPSFUSE_HOPPER_LAZY_RESCALE != 0;
-  static constexpr int kStages = kD == 64 ? 3 : 2;
+  static constexpr int kStages = kD == 64 ? OPSFUSE_HOPPER_STAGES_D64 : 2;
   static constexpr int kQBuffers = kD == 256 ? 1 : 2;
   static constexpr bool kOStage = kD <= 128;
   static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
@@ -646,13 +652,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float c = kV == kScoreFast ? a.scale_log2 : 1.0f;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        // The row max as a 4-way tree (a 16-deep chain of dependent max instructions is latency
-        // the exponentials wait for).
-        float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        // The row max as a tree (a 16-deep chain of dependent max instructions is latency the
+        // exponentials wait for): kMaxChains independent chains, then halving.
+        constexpr int kMaxChains = kD == 256 ? 4 : OPSFUSE_HOPPER_MAX_CHAINS;  // (D = 256: 8 spilled)
+        float part[kMaxChains];
 #pragma unroll
-        for (int i = 0; i < kBN / 8; ++i)
-          part[i % 4] = fmaxf(part[i % 4], fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
-        const float tmax = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+        for (int k = 0; k < kMaxChains; ++k) part[k] = fmaxf(s[k * 4 + 2 * hh], s[k * 4 + 2 * hh + 1]);
+#pragma unroll
+        for (int i = kMaxChains; i < kBN / 8; ++i)
+          part[i % kMaxChains] = fmaxf(part[i % kMaxChains], fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
+#pragma unroll
+        for (int w = kMaxChains / 2; w >= 1; w /= 2)
+#pragma unroll
+          for (int k = 0; k < w; ++k) part[k] = fmaxf(part[k], part[k + w]);
+        const float tmax = part[0];
         float mx = fmaxf(m_run[hh], tmax * c);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
