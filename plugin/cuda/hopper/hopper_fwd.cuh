@@ -98,33 +98,10 @@ constexpr int kConsumerWarps = 8;
 // stores, one per 64-column region and consumer warpgroup (the same profile: ~13 % of the samples in
 // the epilogue's 32 four-byte global stores per thread at D = 128, which throttle the LSU); D <= 128
 // (225 KB in all at D = 128), D = 256 stores from registers.
-// Build-time A/B knobs (defaults: what the H200 measurements chose, docs/notes/cuda_kernel.md):
-//  OPSFUSE_HOPPER_EXP_FMA_D64 / _D128: every N-th column pair of a thread's scores takes its
-//    exponential on the FMA pipe (ex2_fma) instead of the MUFU unit (0: none); D = 256 follows _D128.
-//  OPSFUSE_HOPPER_LAZY_RESCALE: 1 keeps a row's exponent base until its max has grown by more than
-//    2^8, so that most tiles skip the O rescale (see softmax()).
-#ifndef OPSFUSE_HOPPER_EXP_FMA_D64
-#define OPSFUSE_HOPPER_EXP_FMA_D64 0
-#endif
-#ifndef OPSFUSE_HOPPER_EXP_FMA_D128
-#define OPSFUSE_HOPPER_EXP_FMA_D128 0
-#endif
-#ifndef OPSFUSE_HOPPER_MAX_CHAINS
-#define OPSFUSE_HOPPER_MAX_CHAINS 4
-#endif
-#ifndef OPSFUSE_HOPPER_STAGES_D64
-#define OPSFUSE_HOPPER_STAGES_D64 3
-#endif
-#ifndef OPSFUSE_HOPPER_LAZY_RESCALE
-#define OPSFUSE_HOPPER_LAZY_RESCALE 0
-#endif
-
 template <int kD>
 struct Config {
   static constexpr int kBN = kD == 256 ? 64 : hopper::kBN;
-  static constexpr int kExpFmaEvery = kD == 64 ? OPSFUSE_HOPPER_EXP_FMA_D64 : kD == 128 ? OPSFUSE_HOPPER_EXP_FMA_D128 : 0;
-  static constexpr bool kLazyRescale = OPSFUSE_HOPPER_LAZY_RESCALE != 0;
-  static constexpr int kStages = kD == 64 ? OPSFUSE_HOPPER_STAGES_D64 : 2;
+  static constexpr int kStages = kD == 64 ? 3 : 2;
   static constexpr int kQBuffers = kD == 256 ? 1 : 2;
   static constexpr bool kOStage = kD <= 128;
   static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
@@ -163,25 +140,6 @@ __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-// 2^x on the FMA pipe, for a share of the softmax's exponentials: at D = 64 a tile's exponentials
-// keep the MUFU unit (16 per clock per SM) as busy as its two products keep the tensor cores, and
-// MUFU bursts stall issue (MIO throttle). x = j + f, j = round(x) (the 1.5 * 2^23 trick), |f| <= 1/2;
-// 2^f by a degree-4 polynomial with p(0) = 1 (max relative error 2.9e-6, far below half an ulp of
-// float16's or bfloat16's P), times 2^j built in the exponent field. x is clamped to >= -127 by a
-// NaN-keeping max: -inf (a masked score) gives exactly 0 (2^-127 is the scale 0.0f), as
-// ex2.approx.ftz does; NaN stays NaN (NaN * scale).
-__device__ __forceinline__ float ex2_fma(float x) {
-  constexpr float kRound = 12582912.0f + 127.0f;  // 1.5 * 2^23, biased so that its bits hold j + 127
-  float xc;
-  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(xc) : "f"(x), "f"(-127.0f));
-  const float t = __fadd_rn(xc, kRound);
-  const float f = __fsub_rn(xc, __fsub_rn(t, kRound));
-  float p = fmaf(0.009582830f, f, 0.055906400f);
-  p = fmaf(p, f, 0.240240991f);
-  p = fmaf(p, f, 0.693124175f);
-  p = fmaf(p, f, 1.0f);
-  return p * __int_as_float(__float_as_int(t) << 23);  // 1.5 * 2^23's bits shift out: (j + 127) << 23
 }
 
 // wgmma shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63), base offset 0.
@@ -652,39 +610,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float c = kV == kScoreFast ? a.scale_log2 : 1.0f;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        // The row max as a tree (a 16-deep chain of dependent max instructions is latency the
-        // exponentials wait for): kMaxChains independent chains, then halving.
-        constexpr int kMaxChains = kD == 256 ? 4 : OPSFUSE_HOPPER_MAX_CHAINS;  // (D = 256: 8 spilled)
-        float part[kMaxChains];
+        // The row max through 4 independent chains (one 16-deep chain of dependent max
+        // instructions is latency the exponentials wait for: 4 chains took D = 64's key loop ~6 %
+        // faster on the H200; 8 measured within noise; 16 put them in local memory, 2x slower --
+        // docs/notes/cuda_kernel.md, session 7).
+        float part[4];
 #pragma unroll
-        for (int k = 0; k < kMaxChains; ++k) part[k] = fmaxf(s[k * 4 + 2 * hh], s[k * 4 + 2 * hh + 1]);
+        for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[k * 4 + 2 * hh], s[k * 4 + 2 * hh + 1]);
 #pragma unroll
-        for (int i = kMaxChains; i < kBN / 8; ++i)
-          part[i % kMaxChains] = fmaxf(part[i % kMaxChains], fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
-#pragma unroll
-        for (int w = kMaxChains / 2; w >= 1; w /= 2)
-#pragma unroll
-          for (int k = 0; k < w; ++k) part[k] = fmaxf(part[k], part[k + w]);
-        const float tmax = part[0];
+        for (int i = 4; i < kBN / 8; ++i) part[i % 4] = fmaxf(part[i % 4], fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
+        const float tmax = fmaxf(fmaxf(part[0], part[2]), fmaxf(part[1], part[3]));
         float mx = fmaxf(m_run[hh], tmax * c);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // Lazy rescale (Config::kLazyRescale): a finite base is kept while the row max stays within
-        // 2^8 of it -- P <= 256, exact in float16 / bfloat16, and O, l and the merge all use the same
-        // base, so the result is the same up to rounding -- and then alpha is 1 and the O rescale
-        // is skipped (rescale_o).
-        const bool keep = Cfg::kLazyRescale && mx <= m_run[hh] + 8.0f && m_run[hh] != -INFINITY;
-        if (keep) mx = m_run[hh];
         const float mbase = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
-        alpha[hh] = keep ? 1.0f : ex2(m_run[hh] - mbase);
+        alpha[hh] = ex2(m_run[hh] - mbase);
         m_run[hh] = mx;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
-          const bool fma_pipe = Cfg::kExpFmaEvery > 0 && i % Cfg::kExpFmaEvery == Cfg::kExpFmaEvery - 1;
-          const float x0 = fmaf(s[i * 4 + 2 * hh], c, -mbase), x1 = fmaf(s[i * 4 + 2 * hh + 1], c, -mbase);
-          s[i * 4 + 2 * hh] = fma_pipe ? ex2_fma(x0) : ex2(x0);
-          s[i * 4 + 2 * hh + 1] = fma_pipe ? ex2_fma(x1) : ex2(x1);
+          s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
+          s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
           sum0 += s[i * 4 + 2 * hh];
           sum1 += s[i * 4 + 2 * hh + 1];
         }
@@ -735,11 +681,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         o[i * 4 + 3] *= f[1];
       }
     };
-    // With the lazy rescale most tiles keep both rows' bases: the warp skips the multiplies when
-    // none of its rows moved (a uniform branch).
-    auto rescale_o = [&]() {
-      if (!Cfg::kLazyRescale || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_o_by(alpha);
-    };
+    auto rescale_o = [&]() { rescale_o_by(alpha); };
 
     // Pingpong (`pingpong` != 0, FlashAttention-3's inter-warpgroup schedule): the two consumer
     // warpgroups take turns issuing their wgmma batches -- named barrier 2 + cw is "my turn", passed
