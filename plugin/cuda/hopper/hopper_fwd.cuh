@@ -610,20 +610,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float c = kV == kScoreFast ? a.scale_log2 : 1.0f;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        // The row max through 4 independent chains (one 16-deep chain of dependent max
-        // instructions is latency the exponentials wait for: 4 chains took D = 64's key loop ~6 %
-        // faster on the H200; 8 measured within noise; 16 put them in local memory, 2x slower --
-        // docs/notes/cuda_kernel.md, session 7). D = 256 (8 pairs) keeps one chain: with 4, ptxas
-        // spilled 4 bytes beside its 128-float O.
-        constexpr int kChains = kD == 256 ? 1 : 4;
-        float part[kChains];
+        // The row max. D = 64 takes it through 4 independent chains (one 16-deep chain of
+        // dependent max instructions is latency its exponentials wait for; D = 64's key loop is
+        // latency-bound, D = 128's tensor-bound); D = 128 and 256 keep one chain, which measured
+        // 1-2 % faster there (same-process A/B, docs/notes/cuda_kernel.md, session 7; 8 chains were
+        // noise, 16 went to local memory, and 4 at D = 256 spilled).
+        float tmax = -INFINITY;
+        if constexpr (kD == 64) {
+          float part[4];
 #pragma unroll
-        for (int k = 0; k < kChains; ++k) part[k] = fmaxf(s[k * 4 + 2 * hh], s[k * 4 + 2 * hh + 1]);
+          for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[k * 4 + 2 * hh], s[k * 4 + 2 * hh + 1]);
 #pragma unroll
-        for (int i = kChains; i < kBN / 8; ++i)
-          part[i % kChains] = fmaxf(part[i % kChains], fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
-        float tmax = part[0];
-        if constexpr (kChains == 4) tmax = fmaxf(fmaxf(part[0], part[2]), fmaxf(part[1], part[3]));
+          for (int i = 4; i < kBN / 8; ++i)
+            part[i % 4] = fmaxf(part[i % 4], fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
+          tmax = fmaxf(fmaxf(part[0], part[2]), fmaxf(part[1], part[3]));
+        } else {
+#pragma unroll
+          for (int i = 0; i < kBN / 8; ++i) tmax = fmaxf(tmax, fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
+        }
         float mx = fmaxf(m_run[hh], tmax * c);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
