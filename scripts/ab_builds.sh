@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build-time A/B sweeps on a GPU machine (for knobs that are compile-time: a temporary `#ifndef NAME`
+# default in a kernel header, as session 7 of docs/notes/cuda_kernel.md used). Run after
+# `scripts/gpu_run.sh OUT --stages env,build` has installed opsfuse (the base build, tag "base").
+# Each other variant is a CMake build of this checkout (Release, the GPU's own architecture) with its
+# nvcc definitions in CMAKE_CUDA_FLAGS; its opsfuse._cuda module is swapped into the installed package
+# for its sweep. Variants run in rounds (base A B ... base A B ...), each sweep its own process with
+# its own cuDNN column, so that the machine's drift shows in the repeated columns.
+#
+# usage: scripts/ab_builds.sh GRID ROUNDS TAG=-DNAME=VALUE[,-DNAME2=VALUE2] ...
+#   GRID    an ab_sweep.py grid (d64, pshort, prefill, decode, ...)
+#   e.g.    scripts/ab_builds.sh d64 2 chains8=-DOPSFUSE_HOPPER_MAX_CHAINS=8
+set -euo pipefail
+if [ $# -lt 3 ]; then
+  echo "usage: $0 GRID ROUNDS TAG=-DNAME=VALUE[,...] ..." >&2
+  exit 2
+fi
+GRID=$1 ROUNDS=$2
+shift 2
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+ARCH=$($PY -c 'import torch; m, n = torch.cuda.get_device_capability(0); print(f"{m}{n}-real")')
+MOD=$(cd /tmp && $PY -c 'import opsfuse._cuda as m; print(m.__file__)')
+WORK=${AB_BUILD_DIR:-/tmp/opsfuse-ab}
+mkdir -p "$WORK"
+cp "$MOD" "$WORK/base.so"
+tags=(base)
+for spec in "$@"; do
+  tag=${spec%%=*} defs=${spec#*=}
+  dir="$WORK/build-$tag"
+  cmake -S "$REPO" -B "$dir" -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DOPSFUSE_CUDA=ON \
+    ${ONNXRUNTIME_ROOT:+-DONNXRUNTIME_ROOT="$ONNXRUNTIME_ROOT"} -DPython_EXECUTABLE="$(command -v $PY)" \
+    "-DCMAKE_CUDA_FLAGS=${defs//,/ }" > "$WORK/cmake-$tag.log"
+  ninja -C "$dir" _cuda > "$WORK/build-$tag.log"
+  cp "$dir"/plugin/python/_cuda*.so "$WORK/$tag.so"
+  tags+=("$tag")
+  echo "built $tag ($defs)"
+done
+for round in $(seq 1 "$ROUNDS"); do
+  for tag in "${tags[@]}"; do
+    cp "$WORK/$tag.so" "$MOD"
+    echo "=== round $round: $tag"
+    $PY "$REPO/scripts/ab_sweep.py" "$GRID" D=1
+  done
+done
+cp "$WORK/base.so" "$MOD"  # the installed package as it was
