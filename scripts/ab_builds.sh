@@ -9,7 +9,7 @@
 #
 # usage: scripts/ab_builds.sh GRID ROUNDS TAG=-DNAME=VALUE[,-DNAME2=VALUE2] ...
 #   GRID    an ab_sweep.py grid (d64, pshort, prefill, decode, ...)
-#   e.g.    scripts/ab_builds.sh d64 2 chains8=-DOPSFUSE_HOPPER_MAX_CHAINS=8
+#   e.g.    scripts/ab_builds.sh d64 2 four=-DOPSFUSE_MY_KNOB=4 eight=-DOPSFUSE_MY_KNOB=8
 set -euo pipefail
 if [ $# -lt 3 ]; then
   echo "usage: $0 GRID ROUNDS TAG=-DNAME=VALUE[,...] ..." >&2
