@@ -10,8 +10,14 @@
 //   OPSFUSE_CUDA_DISABLE_HOPPER=1  the portable kernels only.
 //   OPSFUSE_CUDA_FORCE_HOPPER=1    (tests) the Hopper kernel also where the portable plan would split
 //                                  the keys (small grids, long Sk), which it otherwise keeps.
-//   OPSFUSE_CUDA_HOPPER_PERSISTENT=0 / 1  no persistent Hopper grid / one also for causal and
-//                                  key_lengths launches (hopper_persistent()).
+//   OPSFUSE_CUDA_HOPPER_PERSISTENT=0 / 1  no persistent Hopper grid / one wherever there are more
+//                                  row tiles than SMs (hopper_persistence()).
+//   OPSFUSE_CUDA_HOPPER_DYNAMIC=0 / 1  (A/B, tests) no dynamically scheduled persistent grid (causal
+//                                  and key_lengths launches one block per tile, or in the static
+//                                  order with PERSISTENT=1) / every persistent grid dynamically
+//                                  scheduled (hopper_persistence()).
+//   OPSFUSE_CUDA_HOPPER_SCHED_HEADS=N  (tests, sweeps) the dynamic order's sections of N (batch,
+//                                  query head) pairs instead of hopper_sched_heads()'s L2 budget.
 //   OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0  (A/B) masks through the Hopper kernel's general scoring.
 //   OPSFUSE_CUDA_HOPPER_TMA_STORE=0  (A/B, tests) the Hopper kernel stores Y from registers instead
 //                                  of through shared memory and TMA.
@@ -127,7 +133,8 @@ Switches read_switches() {
   static constexpr const char* kNames[] = {
       "DISABLE_HOPPER",    "FORCE_HOPPER",      "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS", "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
-      "DECODE_SPLITS",     "DECODE_NO_CLUSTER", "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
+      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "DECODE_SPLITS",  "DECODE_NO_CLUSTER",   "DECODE_L2_PROMOTION",
+      "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
                 "one name per Switch, in its order");
   static constexpr char kPrefix[] = "OPSFUSE_CUDA_";
@@ -199,25 +206,56 @@ bool hopper_decode_eligible(const AttentionParams& p, const DeviceInfo& dev, con
 #endif
 }
 
-// Hopper persistent grid (one block per multiprocessor, each looping over row tiles in a static
-// snake order, see hopper_fwd.cuh: the producer loads the next tile's Q and K/V while the
-// consumers finish the current one, which hides a tile's prologue and epilogue) when there are
-// more row tiles than multiprocessors and no key_lengths (per-batch lengths make the tiles' costs
-// data-dependent, which a static schedule cannot balance; the hardware's block scheduler can).
-// Causal: only where the snake pairs each block's heavy and light row tiles exactly, i.e. 2 * #SMs
-// is a multiple of the row tiles per head (264 and 8 at S=1024 on 132 SMs: every block's two
-// consecutive items sum to 9 key tiles). Otherwise a static schedule can be far off (a model of
-// the schedules: B=1 H=16 S=8192 causal 1.35x the hardware's dynamic one, B=2 H=16 S=16384 1.02x)
-// and the hardware's block scheduler keeps the launch.
-// OPSFUSE_CUDA_HOPPER_PERSISTENT=0: never; =1: also with key_lengths and any causal shape.
-[[maybe_unused]] bool hopper_persistent(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan,
-                                        const Switches& sw) {
-  if (sw.is(Switch::kHopperPersistent, '0')) return false;
+// Hopper persistent grid (one block per multiprocessor, each looping over row tiles; the producer
+// loads the next tile's Q and K/V while the consumers finish the current one, which hides a tile's
+// prologue and epilogue) when there are more row tiles than multiprocessors. How the blocks share
+// the tiles (hopper_fwd.cuh):
+//  - static snake order (sched_heads 0) where it balances: tiles of equal cost (non-causal, no
+//    key_lengths), and causal grids where the snake pairs each block's heavy and light row tiles
+//    exactly, i.e. 2 * #SMs is a multiple of the row tiles per head (264 and 8 at S=1024 on 132 SMs:
+//    every block's two consecutive items sum to 9 key tiles);
+//  - dynamic order (sched_heads > 0, hopper_sched_heads()) for the other causal grids and for
+//    key_lengths (costs that differ by tile, or depend on data): each block's producer draws its
+//    next tile from a ticket counter, heaviest first within L2-sized sections of heads. Before it,
+//    those launches ran one block per tile, dynamically balanced by the hardware's block scheduler
+//    but paying every tile's prologue and epilogue (a block of 225 KB of shared memory has its SM
+//    to itself: nothing overlaps them).
+// OPSFUSE_CUDA_HOPPER_PERSISTENT=0: never persistent; =1: persistent wherever there are more tiles
+// than SMs, in the snake order unless the dynamic one is taken. OPSFUSE_CUDA_HOPPER_DYNAMIC=0: no
+// dynamic order (those launches one block per tile again, as before it, or the snake with
+// PERSISTENT=1, the tests' way to run it on any shape); =1: every persistent grid dynamic.
+struct Persistence {
+  bool persistent = false;
+  bool dynamic = false;
+};
+[[maybe_unused]] Persistence hopper_persistence(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan,
+                                                const Switches& sw) {
+  Persistence r;
+  if (sw.is(Switch::kHopperPersistent, '0')) return r;
   const int64_t tiles = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
-  if (tiles <= dev.sms) return false;
-  if (sw.is(Switch::kHopperPersistent, '1')) return true;
-  if (p.is_causal != 0 && (2 * dev.sms) % std::max(1, plan.row_tiles) != 0) return false;
-  return p.key_lengths == nullptr;
+  if (tiles <= dev.sms) return r;
+  const bool snake_balances =
+      p.key_lengths == nullptr && (p.is_causal == 0 || (2 * dev.sms) % std::max(1, plan.row_tiles) == 0);
+  const bool dynamic_off = sw.is(Switch::kHopperDynamic, '0');
+  r.persistent = snake_balances || !dynamic_off || sw.is(Switch::kHopperPersistent, '1');
+  r.dynamic = r.persistent && (sw.is(Switch::kHopperDynamic, '1') || (!snake_balances && !dynamic_off));
+  return r;
+}
+
+// The dynamic order's section: how many (batch, query head) pairs' row tiles are handed out before
+// the next pairs' (heaviest row tiles first within a section), so that the K/V the blocks read at
+// once stay in L2. 32 MB of the H200's 50 MB L2 (the rest for Q, Y and the blocks' other traffic);
+// the query heads of one GQA group share their K/V. A model of the schedule (row-tile costs of
+// causal B=8 H=16 S=4096, B=2 H=16 S=16384, B=1 H=16 S=8192, B=4 H=32 S=2048, 132 blocks, a fixed
+// cost per tile) puts it within 1-2 % of a perfect balance, against 3-6 % for the snake
+// (docs/notes/cuda_kernel.md, session 8).
+[[maybe_unused]] int hopper_sched_heads(const AttentionParams& p, const Switches& sw) {
+  if (const char* e = sw.get(Switch::kHopperSchedHeads); e != nullptr && std::atoi(e) > 0)
+    return static_cast<int>(std::min<int64_t>(std::atoi(e), p.batch * p.heads_q));
+  constexpr int64_t kL2Budget = int64_t{32} << 20;
+  const int64_t group = std::max<int64_t>(1, p.heads_q / std::max<int64_t>(1, p.heads_kv));
+  const int64_t kv_bytes = std::max<int64_t>(1, p.seq_k * (p.head_dim + p.head_dim_v) * 2 / group);
+  return static_cast<int>(std::clamp<int64_t>(kL2Budget / kv_bytes, 1, p.batch * p.heads_q));
 }
 
 // Hopper key splits (hopper_fwd.cuh: each row tile's keys split s ways in a thread-block cluster,
@@ -296,7 +334,8 @@ int decode_clusters(const AttentionParams& p, const Plan& plan, int cluster) {
 //  clusters fit (measured below).
 //  Hopper (allow_hopper, hopper_eligible()): a float16/bfloat16 prefill plan that the sm_90a kernel
 //  covers becomes KernelKind::kHopper (128x128 tiles, 128x64 at D = 256; a persistent grid,
-//  hopper_persistent(), whose partial last round may be split by keys in clusters of 2,
+//  hopper_persistence(), statically or dynamically scheduled (plan.sched_heads), whose partial
+//  last round may be split by keys in clusters of 2 when static,
 //  hopper_tail_split() (plan.cluster = 2 with plan.persistent > 0), or, opt-in, key splits merged
 //  in a cluster, hopper_key_splits(); neither split at D = 256).
 Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches& sw, bool allow_hopper = true) {
@@ -406,8 +445,10 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
     plan.cluster = plan.bucket == 256 ? 1 : hopper_key_splits(p, sw);
-    plan.persistent = plan.cluster == 1 && hopper_persistent(p, dev, plan, sw) ? dev.sms : 0;
-    if (plan.persistent > 0 && plan.bucket <= 128 && hopper_tail_split(p, plan, sw))
+    const Persistence pers = plan.cluster == 1 ? hopper_persistence(p, dev, plan, sw) : Persistence{};
+    plan.persistent = pers.persistent ? dev.sms : 0;
+    plan.sched_heads = pers.persistent && pers.dynamic ? hopper_sched_heads(p, sw) : 0;
+    if (plan.persistent > 0 && plan.sched_heads == 0 && plan.bucket <= 128 && hopper_tail_split(p, plan, sw))
       plan.cluster = 2;  // the last round split
   }
   // A/B switches the launch functions apply (see where each is used).
@@ -420,7 +461,11 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   return plan;
 }
 
+// The dynamic schedule's ticket counter (Plan::sched_heads), at the workspace's start.
+constexpr size_t kTicketBytes = 256;
+
 size_t workspace_for(const AttentionParams& p, const Plan& plan) {
+  if (plan.sched_heads > 0) return kTicketBytes;
   if (plan.num_splits <= 1) return 0;
   const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seq_q;
   return static_cast<size_t>(plan.num_splits) * rows * (static_cast<size_t>(p.head_dim_v) + 2) * sizeof(float) + 256;
@@ -645,6 +690,11 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
     }
   };
   bind_splits(plan);
+  a.sched_heads = plan.sched_heads;
+  // The ticket counter, 4-byte aligned in the workspace's first kTicketBytes (zeroed by launch_hopper).
+  a.tile_counter = plan.sched_heads > 0
+                       ? reinterpret_cast<int*>((reinterpret_cast<uintptr_t>(workspace) + 3) & ~uintptr_t(3))
+                       : nullptr;
   const RunFn run = pick_kernel(p, plan);
   if (run == nullptr) return fail(Status::kUnsupported, "no compiled kernel for this configuration");
   g_last_kind = static_cast<int>(plan.kind);

@@ -41,6 +41,12 @@ struct KernelArgs {
   int num_splits;
   float* part_o;   // (num_splits, B*Hq*Sq, Dv) float32
   float* part_ml;  // (num_splits, B*Hq*Sq, 2) float32: running max (log2 domain) and sum
+
+  // Dynamic schedule of a persistent Hopper grid (Plan::sched_heads > 0): a ticket counter in the
+  // workspace, zeroed on the stream before the launch, that blocks draw their next row tile from;
+  // tickets walk sections of sched_heads (batch, query head) pairs, heaviest row tiles first.
+  int* tile_counter;  // null: the static snake order
+  int sched_heads;
 };
 
 // The launcher's A/B switches: OPSFUSE_CUDA_* environment variables that tests and measurement
@@ -61,6 +67,8 @@ enum class Switch : int {
   kHopperPingpong,      // OPSFUSE_CUDA_HOPPER_PINGPONG
   kHopperMaskClasses,   // OPSFUSE_CUDA_HOPPER_MASK_CLASSES
   kHopperTmaStore,      // OPSFUSE_CUDA_HOPPER_TMA_STORE
+  kHopperDynamic,       // OPSFUSE_CUDA_HOPPER_DYNAMIC
+  kHopperSchedHeads,    // OPSFUSE_CUDA_HOPPER_SCHED_HEADS
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -103,6 +111,9 @@ struct Plan {
                         // row tiles split between the two blocks of a cluster, choose_plan)
   int persistent = 0;   // kHopper: > 0 = a persistent grid of that many blocks looping over the row
                         // tiles (when there are more tiles than blocks); 0 = one block per tile
+  int sched_heads = 0;  // kHopper persistent: > 0 = row tiles handed out dynamically (a ticket
+                        // counter in the workspace), in sections of this many (batch, query head)
+                        // pairs whose K/V fit in L2, heaviest first; 0 = the static snake
   // What the launch functions apply as the switches say (the shipped behaviour by default):
   bool pingpong = true;        // kHopper: the inter-warpgroup schedule
   bool mask_classes = true;    // kHopper: padding-mask tile classes

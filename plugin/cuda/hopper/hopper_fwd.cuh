@@ -5,9 +5,13 @@
 // covers and keeps the portable mma.sync kernel (flash_tc.cuh) for everything else.
 //
 // Design (one work item = 128 query rows of one (batch, query head); one block per item, or a
-// persistent grid of one block per SM looping over items, choose_plan's plan.persistent;
+// persistent grid of one block per SM looping over items, in a static snake or a dynamic order
+// (choose_plan's plan.persistent, plan.sched_heads);
 // 3 warpgroups, 384 threads):
-//  - warpgroup 0, the producer: gives its registers away (setmaxnreg.dec 24); one thread issues
+//  - warpgroup 0, the producer: gives its registers away (setmaxnreg.dec 24: the 384 threads start
+//    with 168 each, and the consumers' 240 come only from this release, 24 x 128 + 240 x 256 =
+//    168 x 384; at 32 their setmaxnreg.inc waited forever). One thread (warp 1) decides each
+//    round's item (the static snake, or a ticket of the dynamic order), another one issues
 //    the TMA loads (cp.async.bulk.tensor, 128-byte swizzle) of each item's Q tile (into one of
 //    Config::kQBuffers buffers, so that a persistent block's next Q is in flight during the current
 //    item) and of the K and V tiles into a kStages-deep shared-memory ring, each with a "full"
@@ -314,7 +318,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   extern __shared__ uint8_t smem_raw[];
   constexpr int kQBuffers = Cfg::kQBuffers;
-  __shared__ __align__(8) uint64_t bars[2 * kQBuffers + 4 * kStages];
+  __shared__ __align__(8) uint64_t bars[3 * kQBuffers + 4 * kStages];
+  __shared__ int item_slot[kQBuffers];  // round r's item (slot r % kQBuffers), from the scheduler thread
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
@@ -328,6 +333,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // barrier's phase parity, and that of the release the producer waits for before reusing it.
   auto bar_q = [&](int r) { return smem_u32(&bars[4 * kStages + r % kQBuffers]); };
   auto bar_qempty = [&](int r) { return smem_u32(&bars[4 * kStages + kQBuffers + r % kQBuffers]); };
+  // Round r's item is in item_slot[r % kQBuffers] once this barrier's phase of that round
+  // completes (the scheduler thread's arrive, see the producer).
+  auto bar_sched = [&](int r) { return smem_u32(&bars[4 * kStages + 2 * kQBuffers + r % kQBuffers]); };
   auto q_parity = [&](int r) { return static_cast<uint32_t>((r / kQBuffers) & 1); };
 
   // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
@@ -338,7 +346,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // r * G + G - 1 - x for odd r (G = gridDim.x; a snake, so that with causal row tiles, heaviest
   // first within a head, a block's light and heavy items pair up); the items of one round are
   // the same set as with one block per item in a wave (L2 reuse unchanged). Past n_work: done.
-  const int n_rt = (a.seq_q + kBM - 1) / kBM;
+  // Row tiles per (batch, query head), computed where used (each role, after setmaxnreg): one value
+  // computed ahead of the role branch for both roles stayed live across setmaxnreg and spilled at
+  // D = 256 once the producer's scheduler thread used it too.
+  auto row_tiles = [&]() {
+    int n;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(n) : "r"((a.seq_q + kBM - 1) / kBM));
+    return n;
+  };
   // Key splits (splits > 1, never with a persistent grid): blocks blockIdx.x / splits * splits ..
   // + splits - 1 are one thread-block cluster on one item, block (cluster rank) r taking the key
   // tiles [r n / splits, (r + 1) n / splits) of its n; rank 0 merges the others' partial results
@@ -364,6 +379,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t w = static_cast<int64_t>(r) * G + ((r & 1) ? G - 1 - x : x);
     return w < n_work ? static_cast<int>(w) : n_work;
   };
+  // Dynamic order (a.tile_counter != null: choose_plan's plan.sched_heads, a persistent grid, never
+  // split): a block's first item is ticket blockIdx.x, each later one ticket gridDim.x + the
+  // counter's old value (launch_hopper zeroed it), drawn ahead by the producer's scheduler thread.
+  // In either order that thread publishes round r's item in item_slot[r % kQBuffers] and arrives on
+  // bar_sched(r) (a release); the loading thread reads it after its wait there (an acquire). The
+  // static order's consumers compute item_of() themselves; the dynamic order's read the slot after
+  // their wait on round r's Q barrier, which the loading thread arrives on after its read (n_work:
+  // no more items, a plain arrive). Tickets walk sections of a.sched_heads (batch, query head)
+  // pairs (whose K/V fit in L2 together): within a section row-tile level by level, heaviest
+  // first, the section's heads side by side -- so that the blocks that finish early take the
+  // light tiles. (dynamic_order() reads the kernel parameter where needed: a flag computed here,
+  // live across setmaxnreg, was spilled by ptxas in every instantiation.)
+  auto dynamic_order = [&]() { return a.tile_counter != nullptr; };
+  auto ticket_item = [&](int ticket) {
+    if (ticket >= n_work) return n_work;
+    const int heads_all = a.batch * a.heads_q;
+    const int tiles = row_tiles();
+    const int per_section = a.sched_heads * tiles;
+    const int section = ticket / per_section;
+    const int first = section * a.sched_heads;
+    const int heads = min(a.sched_heads, heads_all - first);
+    const int idx = ticket - section * per_section;
+    return (first + idx % heads) * tiles + idx / heads;  // level idx / heads: work_of's w % row tiles
+  };
   struct Work {
     int b, h, hk, row0, len;
     int t_begin, t_end;  // this block's key tiles of the item (all of them unless split)
@@ -371,6 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto work_of = [&](int w, int ns) {  // ns: the item's key splits (splits_in(round))
     Work wk;
+    const int n_rt = row_tiles();
     const int bh = w / n_rt;
     const int rt = n_rt - 1 - w % n_rt;
     wk.b = bh / a.heads_q;
@@ -398,6 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (Cfg::kOStage && tma_store) prefetch_tensormap(&tm_y);
     for (int b = 0; b < kQBuffers; ++b) {
       mbar_init(bar_q(b), 1);
+      mbar_init(bar_sched(b), 1);
       mbar_init(bar_qempty(b), kConsumerWarps);
     }
     for (int s = 0; s < kStages; ++s) {
@@ -414,13 +455,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    // Two threads: a scheduler that decides each round's item and one that issues the loads. The
+    // scheduler (warp 1) publishes round r's item, in the static order (item_of) or the dynamic
+    // one (a ticket drawn from the counter), once round r - kQBuffers has released its Q buffer
+    // (the consumers have read that round's slot by then): a round or more ahead of the loads,
+    // which hides the atomic's latency. The item arithmetic has its own registers this way; in the
+    // loading thread's 24 it spilled.
+    if (tid == 32) {
+      for (int round = 0;; ++round) {
+        if (round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
+        int w = item_of(round);
+        if (dynamic_order())
+          w = ticket_item(round == 0 ? static_cast<int>(blockIdx.x)
+                                     : static_cast<int>(gridDim.x) + atomicAdd(a.tile_counter, 1));
+        item_slot[round % kQBuffers] = w;
+        mbar_arrive(bar_sched(round));
+        if (w >= n_work) break;
+      }
+    }
     if (tid == 0) {
       int kv = 0;  // K/V tiles loaded by this block so far (ring position)
-      int round = 0;
-      for (int w = item_of(0); w < n_work; w = item_of(++round)) {
-        const Work wk = work_of(w, splits_in(round));
+      for (int round = 0;; ++round) {
+        mbar_wait(bar_sched(round), q_parity(round));
+        const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
+        if (w >= n_work) {
+          // No more items. The dynamic order's consumers read n_work after this round's Q barrier
+          // (the static order's compute it, and nobody waits on this phase).
+          mbar_arrive(bar_q(round));
+          break;
+        }
         // The Q buffer's previous item (round - kQBuffers) released it after its last S = Q K^T.
         if (round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
+        const Work wk = work_of(w, splits_in(round));
         const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
         mbar_expect_tx(bar_q(round), Cfg::kQBytes);
 #pragma unroll
@@ -461,7 +527,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
-  for (int w = item_of(0); w < n_work; w = item_of(++round)) {
+  // Round r's item: computed (static order), or as the producer published it (dynamic order; the
+  // wait on round r's Q barrier here is repeated below, where it returns at once).
+  auto consumer_item = [&](int r) {
+    if (!dynamic_order()) return item_of(r);
+    mbar_wait(bar_q(r), q_parity(r));
+    return *reinterpret_cast<volatile int*>(&item_slot[r % kQBuffers]);
+  };
+  for (int w = consumer_item(0); w < n_work; w = consumer_item(++round)) {
     const Work wk = work_of(w, splits_in(round));
     const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len;
     const int t_begin = wk.t_begin, t_end = wk.t_end, n_tiles = t_end - t_begin;
@@ -1026,6 +1099,12 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   }();
   cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done[mode]);
   if (err != cudaSuccess) return err;
+  if (a.tile_counter != nullptr) {
+    // The dynamic order's ticket counter starts at 0 (a persistent grid, never split).
+    if (plan.persistent <= 0 || plan.cluster != 1) return cudaErrorInvalidValue;
+    err = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
   const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
   // Persistent (plan.persistent > 0, choose_plan): that many blocks loop over the row tiles.
   const int64_t grid = plan.persistent > 0 ? std::min<int64_t>(blocks, plan.persistent) : blocks;
