@@ -206,6 +206,63 @@ def test_head_size_256_features(dtype, case, monkeypatch):
                            attrs.get("softcap", 0.0), what=f"D=256 {case} (seed {seed})")
 
 
+DYNAMIC_ORDER_ENVS = {
+    "chosen": {},  # choose_plan's: the dynamic order for these shapes on an H100/H200
+    "snake": {"OPSFUSE_CUDA_HOPPER_PERSISTENT": "1", "OPSFUSE_CUDA_HOPPER_DYNAMIC": "0"},
+    "sections3": {"OPSFUSE_CUDA_HOPPER_SCHED_HEADS": "3"},
+}
+DYNAMIC_ORDER_CASES = {
+    # name: (b, hq, hkv, sq, sk, d), attrs, key lengths (NaN in the cache past them)
+    "causal1_gqa3": ((1, 12, 4, 1600, 1600, 128), {"is_causal": 1}, None),  # 13 row tiles x 12
+    "causal2_kl_sq_gt_sk": ((2, 8, 4, 2100, 400, 64), {"is_causal": 2}, [0, 257]),  # tiles without keys
+    "kl_gqa2": ((4, 8, 4, 600, 700, 128), {}, [333, 1, 700, 128]),  # 5 row tiles x 32
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", sorted(DYNAMIC_ORDER_CASES))
+def test_persistent_orders_agree(dtype, case, monkeypatch):
+    """Causal and key_lengths grids of more row tiles than an H100/H200 has SMs: the Hopper kernel's
+    dynamic order (tickets drawn from a counter in the workspace, in L2 sections of heads), the
+    static snake and sections of 3 heads compute each row tile in one block whatever the order, so
+    their outputs are bitwise equal, and within the 2x rule. On other GPUs all three are the same
+    launch."""
+    cuda = require_cuda_module()
+    import torch
+
+    (b, hq, hkv, sq, sk, d), attrs, lengths = DYNAMIC_ORDER_CASES[case]
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, d)
+    kl = None if lengths is None else np.array(lengths, dtype=np.int64)
+    k_run, v_run = k, v
+    if kl is not None:
+        k_run, v_run = k.copy(), v.copy()
+        for i, n in enumerate(kl):
+            k_run[i, :, n:, :] = np.nan
+            v_run[i, :, n:, :] = np.nan
+    import opsfuse
+
+    archs = str(opsfuse.build_info().get("cuda_architectures", ""))
+    hopper = torch.cuda.get_device_capability() == (9, 0) and "90" in archs
+    outs = {}
+    for name, env in DYNAMIC_ORDER_ENVS.items():
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            tq, tk = to_device(q), to_device(k_run)
+            tl = None if kl is None else torch.from_numpy(kl).to("cuda")
+            ws = cuda.workspace_size(tq, tk, to_device(v_run), None, tl, **attrs)
+            if hopper:  # the dynamic order's ticket counter is the plan's only workspace here
+                assert (ws > 0) == (name != "snake"), f"{name}: workspace {ws} bytes"
+            outs[name] = run_binding(q, k_run, v_run, key_lengths=kl, **attrs)
+    for name, out in outs.items():
+        np.testing.assert_array_equal(out.view(np.uint16), outs["chosen"].view(np.uint16),
+                                      err_msg=f"{name} order differs from the chosen one (seed {seed})")
+    assert np.all(np.isfinite(outs["chosen"].astype(np.float64))), f"non-finite output (seed {seed})"
+    assert_within_2x_torch(outs["chosen"], q, k, v, None, kl, None, attrs.get("is_causal", 0),
+                           what=f"dynamic order {case} (seed {seed})")
+
+
 def test_key_lengths_clamped():
     """Values outside [0, Sk] are clamped on the device (they cannot be checked without a sync)."""
     rng, seed = fresh_rng()

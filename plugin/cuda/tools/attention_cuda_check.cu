@@ -46,8 +46,11 @@ struct Case {
   int mask_rank;  // 2: (Sq, Sk); 4: (B, 1, Sq, Sk); 1: (B, 1, 1, Sk) (random elements);
                   // 3: (B, 1, 1, Sk) as padding masks are (pad_length(): visible prefix, masked tail)
   int key_lengths;  // 0 none, 32 or 64 bits
-  int persist = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_PERSISTENT=1 (a persistent grid also where
-                    // choose_plan keeps one block per tile: key_lengths)
+  int persist = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_PERSISTENT=1 (a persistent grid wherever
+                    // there are more row tiles than SMs, dynamically scheduled where choose_plan
+                    // would: causal grids the snake does not balance, key_lengths); 2 = that with
+                    // OPSFUSE_CUDA_HOPPER_DYNAMIC=0 (the static snake order on any shape);
+                    // > 2 = the dynamic order with OPSFUSE_CUDA_HOPPER_SCHED_HEADS = persist - 2
   int splits = 0;   // Hopper cases: > 0 = OPSFUSE_CUDA_HOPPER_SPLITS (key splits merged in a cluster)
   int tail = 0;     // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=1 (a persistent grid's partial
                     // last round split by keys in clusters of 2, wherever it fits)
@@ -257,6 +260,14 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream, int repeats
   return all_ok;
 }
 
+// The persistent-grid switches of a case (Case::persist).
+void set_persistence(const Case& c) {
+  if (c.persist == 0) return;
+  setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
+  if (c.persist == 2) setenv("OPSFUSE_CUDA_HOPPER_DYNAMIC", "0", 1);
+  if (c.persist > 2) setenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS", std::to_string(c.persist - 2).c_str(), 1);
+}
+
 // Runs `c` twice on the same data (same rng seed): Hopper kernel allowed, then disabled.
 bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hopper_expected) {
   bool ok = true;
@@ -265,12 +276,14 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   const std::string persist_env = pe != nullptr ? pe : "";
   const char* te = std::getenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
   const std::string tail_env = te != nullptr ? te : "";
+  const char* de = std::getenv("OPSFUSE_CUDA_HOPPER_DYNAMIC");
+  const std::string dyn_env = de != nullptr ? de : "";
   for (int pass = 0; pass < 2; ++pass) {
     // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
     if (pass == 0) {
       unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
-      if (c.persist) setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
+      set_persistence(c);
       if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
       if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
     } else {
@@ -280,6 +293,9 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       if (c.persist) {
         if (persist_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
         else setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", persist_env.c_str(), 1);
+        if (dyn_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_DYNAMIC");
+        else setenv("OPSFUSE_CUDA_HOPPER_DYNAMIC", dyn_env.c_str(), 1);
+        unsetenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
       }
       if (c.tail) {
         if (tail_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
@@ -442,13 +458,21 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 boolmask B1SS kl64", BF, 2, 2, 1, 130, 390, 128, 128, 0, 0.f, MB, 4, 64},
       // Persistent grids: more row tiles (144, 150, 140, 144) than an H100/H200 has
       // multiprocessors (132), the blocks loop over several tiles each; as choose_plan decides
-      // (non-causal with a pair mask and GQA 3; causal with 4 row tiles per head and a bool
-      // padding mask), and forced (causal 2 with Sq > Sk: tiles without any key, i.e. zero K/V
-      // tiles, and key_lengths 0 for batch 0; causal 1 with 5 row tiles per head).
+      // (non-causal with a pair mask and GQA 3: the static snake; causal with 4 row tiles per head
+      // and a bool padding mask: the snake, which balances it), the dynamic order (causal 2 with
+      // Sq > Sk: tiles without any key, i.e. zero K/V tiles, and key_lengths 0 for batch 0; causal 1
+      // with 5 row tiles per head), and those two in the static snake (forced).
       {"hop f16 d64 persistent addmask gqa3", H, 2, 9, 3, 1000, 300, 64, 64, 0, 0.f, MA, 2, 0},
       {"hop bf16 d128 persistent causal2 kl32", BF, 3, 10, 5, 600, 400, 128, 128, 2, 0.f, N, 0, 32, 1},
       {"hop f16 d128 persistent causal1 gqa2", H, 2, 14, 7, 520, 520, 128, 128, 1, 0.f, N, 0, 0, 1},
       {"hop bf16 d64 persistent causal1 Sq512", BF, 2, 18, 6, 512, 512, 64, 64, 1, 0.f, MB, 1, 0},
+      {"hop bf16 d128 snake causal2 kl32", BF, 3, 10, 5, 600, 400, 128, 128, 2, 0.f, N, 0, 32, 2},
+      {"hop f16 d128 snake causal1 gqa2", H, 2, 14, 7, 520, 520, 128, 128, 1, 0.f, N, 0, 0, 2},
+      // The dynamic order (choose_plan's, no switch): causal 1 with 14 row tiles per head (168
+      // items) in sections of 5 (batch, head) pairs (the last one of 2), GQA 2, a padding mask;
+      // key_lengths with GQA 2 (160 items, batch 0's length 0: items without key tiles).
+      {"hop f16 d64 dynamic causal1 sections5", H, 3, 4, 2, 1700, 1700, 64, 64, 1, 0.f, MB, 3, 0, 7},
+      {"hop bf16 d128 dynamic kl64 gqa2", BF, 4, 8, 4, 600, 700, 128, 128, 0, 0.f, N, 0, 64},
       // Key splits merged in a thread-block cluster (opt-in, OPSFUSE_CUDA_HOPPER_SPLITS): 2 splits
       // of a B=1 H=12 S=2048-like grid (192 row tiles), 4 splits of 8 key tiles with a padding mask,
       // 3 splits (uneven), a split left without keys by causal 1 / key_lengths (partials of max
@@ -543,7 +567,7 @@ int main(int argc, char** argv) {
     if (stress) {
       const int runs = std::atoi(argv[3]);
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
-      if (c.persist) setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1", 1);
+      set_persistence(c);
       if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
       if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
       // Runs that fail print their own line; the count of them comes from those lines.
