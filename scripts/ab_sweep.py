@@ -6,6 +6,7 @@ notes in docs/notes/cuda_kernel.md quote its output).
     python scripts/ab_sweep.py prefill256 D=1 OPSFUSE_CUDA_DISABLE_HOPPER=1
     python scripts/ab_sweep.py d64 D=1 OPSFUSE_CUDA_HOPPER_PINGPONG=0
     python scripts/ab_sweep.py pshort D=1 OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=1
+    python scripts/ab_sweep.py causal D=1 OPSFUSE_CUDA_HOPPER_DYNAMIC=0 OPSFUSE_CUDA_HOPPER_SCHED_HEADS=4
 
 Each argument after the grid is one variant: comma-separated NAME=VALUE pairs set while that
 variant is captured (D=1 is a no-op: the defaults). Issue 5's decode shapes (B=8, Hq=32, Hkv 8 / 32,
@@ -35,7 +36,12 @@ D64 = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), 
 # partial round, one with a near-empty last round, causal, the longest)
 PSHORT = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 0),
           (8, 16, 4096, 128, torch.bfloat16, 1), (2, 16, 16384, 128, torch.bfloat16, 0)]
-GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT}
+# causal: the persistent grid's orders (session 8: the dynamic order against one block per row tile,
+# OPSFUSE_CUDA_HOPPER_DYNAMIC=0): issue 7's causal points, other row-tile counts per head, D = 64
+CAUSAL = [(8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 4096, 128, torch.bfloat16, 1),
+          (2, 16, 16384, 128, torch.bfloat16, 1), (4, 32, 2048, 128, torch.bfloat16, 1),
+          (1, 32, 8192, 128, torch.bfloat16, 1), (4, 16, 4096, 64, torch.float16, 1)]
+GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "causal": CAUSAL}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 
