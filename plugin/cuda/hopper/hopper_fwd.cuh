@@ -476,8 +476,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) {
       int kv = 0;  // K/V tiles loaded by this block so far (ring position)
       for (int round = 0;; ++round) {
-        mbar_wait(bar_sched(round), q_parity(round));
-        const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
+        // (The static order's first item without the wait: on a one-round grid, e.g. the seed
+        // shapes, that wait was on the launch's critical path.)
+        int w;
+        if (round == 0 && !dynamic_order()) {
+          w = item_of(0);
+        } else {
+          mbar_wait(bar_sched(round), q_parity(round));
+          w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
+        }
         if (w >= n_work) {
           // No more items. The dynamic order's consumers read n_work after this round's Q barrier
           // (the static order's compute it, and nobody waits on this phase).
