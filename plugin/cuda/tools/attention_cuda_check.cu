@@ -278,6 +278,8 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   const std::string tail_env = te != nullptr ? te : "";
   const char* de = std::getenv("OPSFUSE_CUDA_HOPPER_DYNAMIC");
   const std::string dyn_env = de != nullptr ? de : "";
+  const char* se = std::getenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
+  const std::string sched_env = se != nullptr ? se : "";
   for (int pass = 0; pass < 2; ++pass) {
     // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
     if (pass == 0) {
@@ -295,7 +297,8 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
         else setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", persist_env.c_str(), 1);
         if (dyn_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_DYNAMIC");
         else setenv("OPSFUSE_CUDA_HOPPER_DYNAMIC", dyn_env.c_str(), 1);
-        unsetenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
+        if (sched_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
+        else setenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS", sched_env.c_str(), 1);
       }
       if (c.tail) {
         if (tail_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
