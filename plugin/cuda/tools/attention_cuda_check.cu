@@ -268,18 +268,24 @@ void set_persistence(const Case& c) {
   if (c.persist > 2) setenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS", std::to_string(c.persist - 2).c_str(), 1);
 }
 
+// An environment variable's value as the caller set it ("" when unset), and putting it back.
+std::string env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+void restore_env(const char* name, const std::string& value) {
+  if (value.empty()) unsetenv(name);
+  else setenv(name, value.c_str(), 1);
+}
+
 // Runs `c` twice on the same data (same rng seed): Hopper kernel allowed, then disabled.
 bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hopper_expected) {
   bool ok = true;
   int kinds[2] = {-1, -1};
-  const char* pe = std::getenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
-  const std::string persist_env = pe != nullptr ? pe : "";
-  const char* te = std::getenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
-  const std::string tail_env = te != nullptr ? te : "";
-  const char* de = std::getenv("OPSFUSE_CUDA_HOPPER_DYNAMIC");
-  const std::string dyn_env = de != nullptr ? de : "";
-  const char* se = std::getenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
-  const std::string sched_env = se != nullptr ? se : "";
+  const std::string persist_env = env_value("OPSFUSE_CUDA_HOPPER_PERSISTENT");
+  const std::string tail_env = env_value("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
+  const std::string dyn_env = env_value("OPSFUSE_CUDA_HOPPER_DYNAMIC");
+  const std::string sched_env = env_value("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
   for (int pass = 0; pass < 2; ++pass) {
     // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
     if (pass == 0) {
@@ -293,17 +299,11 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       // Back to the environment's own value: an OPSFUSE_CUDA_HOPPER_PERSISTENT given by the caller
       // (A/B runs) holds for every later case too.
       if (c.persist) {
-        if (persist_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_PERSISTENT");
-        else setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", persist_env.c_str(), 1);
-        if (dyn_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_DYNAMIC");
-        else setenv("OPSFUSE_CUDA_HOPPER_DYNAMIC", dyn_env.c_str(), 1);
-        if (sched_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
-        else setenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS", sched_env.c_str(), 1);
+        restore_env("OPSFUSE_CUDA_HOPPER_PERSISTENT", persist_env);
+        restore_env("OPSFUSE_CUDA_HOPPER_DYNAMIC", dyn_env);
+        restore_env("OPSFUSE_CUDA_HOPPER_SCHED_HEADS", sched_env);
       }
-      if (c.tail) {
-        if (tail_env.empty()) unsetenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
-        else setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", tail_env.c_str(), 1);
-      }
+      if (c.tail) restore_env("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", tail_env);
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
     }
