@@ -447,7 +447,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
     plan.cluster = plan.bucket == 256 ? 1 : hopper_key_splits(p, sw);
     const Persistence pers = plan.cluster == 1 ? hopper_persistence(p, dev, plan, sw) : Persistence{};
     plan.persistent = pers.persistent ? dev.sms : 0;
-    plan.sched_heads = pers.persistent && pers.dynamic ? hopper_sched_heads(p, sw) : 0;
+    plan.sched_heads = pers.dynamic ? hopper_sched_heads(p, sw) : 0;  // dynamic implies persistent
     if (plan.persistent > 0 && plan.sched_heads == 0 && plan.bucket <= 128 && hopper_tail_split(p, plan, sw))
       plan.cluster = 2;  // the last round split
   }
