@@ -64,3 +64,110 @@ def test_summary_carries_both_errors_and_the_table_shows_them():
     meta = dict(date="d", gpu="g", cuda="c", torch="t", onnxruntime="o", command="cmd", ceilings={})
     table_row = next(line for line in _markdown(meta, rows, [s]).splitlines() if "| via ORT |" in line)
     assert table_row.endswith("| 5.0e-07 | 4.3e-04 |")
+
+
+class _FakeCudaTorch:
+    """What the kernel timers use of torch.cuda, on the CPU: a capture records the calls made inside
+    it and a replay makes them again; events count as zero time. `fail_capture` names the calls'
+    owners whose capture raises (as for a library that cannot be captured)."""
+
+    def __init__(self, log, fail_capture=()):
+        fake = self
+
+        class Graph:
+            def __init__(self):
+                self.seq = []
+
+            def replay(self):
+                for c in self.seq:
+                    c()
+
+        class Capture:
+            def __init__(self, graph, stream=None):
+                self.graph = graph
+
+            def __enter__(self):
+                fake.capturing = self.graph
+                return self
+
+            def __exit__(self, *exc):
+                fake.capturing = None
+                return False
+
+        class TimingEvent:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                pass
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return 0.0
+
+        class Cuda:
+            CUDAGraph = Graph
+            graph = Capture
+            Event = TimingEvent
+
+            @staticmethod
+            def Stream():
+                return type("S", (), {"wait_stream": lambda self, other: None})()
+
+            @staticmethod
+            def current_stream():
+                return None
+
+            @staticmethod
+            def stream(s):
+                import contextlib
+                return contextlib.nullcontext()
+
+            @staticmethod
+            def synchronize():
+                pass
+
+        self.cuda = Cuda
+        self.capturing = None
+        self.log = log
+        self.fail_capture = fail_capture
+
+    def call(self, name, i):
+        """A timed call: logged when run, recorded into the graph while one is captured."""
+        def run():
+            self.log.append((name, i))
+
+        def call():
+            if self.capturing is not None:
+                if name in self.fail_capture:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                self.capturing.seq.append(run)
+            else:
+                run()
+        return call
+
+
+def test_time_kernels_interleaved_replays_every_implementation_each_round_in_rotating_order():
+    """Each implementation is captured once (its calls cycled to 10 per replay), then every round
+    replays each of them once, the first one rotating, so that no implementation is always timed
+    right after another; one that cannot be captured is timed without a graph in the same rounds."""
+    from opsfuse.bench.cuda import time_kernels_interleaved
+
+    log = []
+    fake = _FakeCudaTorch(log, fail_capture=("c",))
+    calls = {name: [fake.call(name, i) for i in range(n)] for name, n in (("a", 2), ("b", 3), ("c", 1))}
+    times = time_kernels_interleaved(fake, calls, repeat=4, warmup=0)
+    assert set(times) == {"a", "b", "c"} and all(t == 0.0 for t in times.values())
+    # a and b: the calls made while capturing are not run (recorded); c's capture failed on its first
+    # call. Then 4 rounds of one replay each: 10 calls per replay.
+    timed = [n for n, _ in log]
+    assert len(timed) == 4 * 3 * 10
+    rounds = [timed[i:i + 30] for i in range(0, 120, 30)]
+    firsts = [r[0] for r in rounds]
+    assert firsts == ["a", "b", "c", "a"]
+    for r in rounds:
+        assert sorted(set(r[j * 10] for j in range(3))) == ["a", "b", "c"]
+        assert all(len(set(r[j * 10:(j + 1) * 10])) == 1 for j in range(3))
+    assert [i for n, i in log if n == "b"][:10] == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]

@@ -47,9 +47,15 @@ def n_sets(set_bytes, cap=8):
 
 # --- timing -------------------------------------------------------------------------------------
 
-def time_graph(torch, calls, repeat, warmup=3):
-    """Captures `calls` (a list of no-arg callables, one per rotated input set) into one CUDA graph,
-    replays it `repeat` times and returns the median microseconds per call."""
+def _round_order(names, r):
+    """The order of round r in an interleaved timing: every name once, the first one rotating."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+def _captured_replay(torch, calls, warmup):
+    """Captures `calls` (a list of no-arg callables, one per rotated input set), cycled to 10+ calls,
+    into one CUDA graph. Returns (replay, calls per replay, graph)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -66,46 +72,66 @@ def time_graph(torch, calls, repeat, warmup=3):
     for _ in range(warmup):
         graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / per_replay)
-    del graph
-    return statistics.median(times)
+    return graph.replay, per_replay, graph
 
 
-def time_stream(torch, calls, repeat, warmup=3):
-    """Without a graph: events around 10+ back-to-back calls (launch overhead included when the
-    kernels are shorter than it), median per call."""
+def _stream_replay(torch, calls, warmup):
+    """The fallback unit of an interleaved timing where capture fails: 10+ back-to-back calls without a
+    graph (launch overhead included when the kernels are shorter than it)."""
     for _ in range(warmup):
         for c in calls:
             c()
     torch.cuda.synchronize()
     n = max(len(calls), 10)
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+
+    def replay():
         for i in range(n):
             calls[i % len(calls)]()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / n)
+    return replay, n, None
+
+
+def _event_time_us(torch, replay, per_replay):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / per_replay
+
+
+def time_graph(torch, calls, repeat, warmup=3):
+    """Captures `calls` (a list of no-arg callables, one per rotated input set) into one CUDA graph,
+    replays it `repeat` times and returns the median microseconds per call."""
+    replay, per_replay, graph = _captured_replay(torch, calls, warmup)
+    times = [_event_time_us(torch, replay, per_replay) for _ in range(repeat)]
+    del graph
     return statistics.median(times)
 
 
-def time_calls(torch, calls, repeat):
-    """CUDA-graph replays when the calls can be captured, else stream timing."""
+def time_kernels_interleaved(torch, calls_by_name, repeat, warmup=3):
+    """Kernel-only timing of several implementations side by side: each is captured into its own CUDA
+    graph (back-to-back calls without one where capture fails), then every round replays each graph
+    once, the order rotating per round, so that the GPU's clock and temperature drifts (a slow peer's
+    seconds of full load heat the card for whoever runs next) fall on all of them alike.
+    {name: median microseconds per call}."""
+    replays = {}
     try:
-        return time_graph(torch, calls, repeat)
-    except Exception as exc:  # noqa: BLE001 - capture unsupported: fall back, and say so
-        print(f"        (graph capture failed: {str(exc)[:120]}; timing without a graph)")
-        torch.cuda.synchronize()
-        return time_stream(torch, calls, repeat)
+        for name, calls in calls_by_name.items():
+            try:
+                replays[name] = _captured_replay(torch, calls, warmup)
+            except Exception as exc:  # noqa: BLE001 - capture unsupported: fall back, and say so
+                print(f"        ({name}: graph capture failed: {str(exc)[:120]}; timed without a graph)")
+                torch.cuda.synchronize()
+                replays[name] = _stream_replay(torch, calls, warmup)
+        names = list(replays)
+        times = {n: [] for n in names}
+        for r in range(repeat):
+            for n in _round_order(names, r):
+                replay, per_replay, _graph = replays[n]
+                times[n].append(_event_time_us(torch, replay, per_replay))
+        return {n: statistics.median(t) for n, t in times.items()}
+    finally:
+        replays.clear()  # the graphs and their memory pools go before the next point's
 
 
 def time_host(torch, calls, repeat, warmup=10):
@@ -151,7 +177,7 @@ def time_host_interleaved(torch, calls_by_name, repeat, warmup=10):
     torch.cuda.synchronize()
     times = {n: [] for n in names}
     for r in range(repeat):
-        for n in names[r % len(names):] + names[:r % len(names)]:
+        for n in _round_order(names, r):
             calls = calls_by_name[n]
             t0 = time.perf_counter()
             calls[r % len(calls)]()
@@ -247,7 +273,9 @@ def _sdpa_backends(torch):
             "mem-efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
 
-def _time_sdpa(torch, backend, sets, causal, gqa, repeat):
+def _sdpa_calls(torch, backend, sets, causal, gqa):
+    """One SDPA call per input set with `backend`, and the first set's output (raises when the backend
+    does not support the case)."""
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
 
@@ -255,20 +283,25 @@ def _time_sdpa(torch, backend, sets, causal, gqa, repeat):
         with sdpa_kernel([backend]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
-    outs = [call(*s) for s in sets]  # raises when the backend does not support the case
-    calls = [lambda s=s: call(*s) for s in sets]
-    return time_calls(torch, calls, repeat), outs[0]
+    out = call(*sets[0])
+    return [lambda s=s: call(*s) for s in sets], out
 
 
-def _time_opsfuse(torch, cuda_mod, sets, causal, repeat):
+def _opsfuse_calls(torch, cuda_mod, sets, causal, impl):
+    """One binding call per input set (each into its own output), with impl's kernel choice (see
+    _kernels_of; a graph keeps the kernel chosen at capture), and the first set's output."""
     outs = []
     calls = []
     for q, k, v in sets:
         y = torch.empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), dtype=q.dtype, device="cuda")
         outs.append(y)
-        calls.append(lambda q=q, k=k, v=v, y=y: cuda_mod.fused_attention(q, k, v, is_causal=1 if causal else 0, out=y))
+
+        def call(q=q, k=k, v=v, y=y):
+            with _kernels_of(impl):
+                cuda_mod.fused_attention(q, k, v, is_causal=1 if causal else 0, out=y)
+        calls.append(call)
     calls[0]()
-    return time_calls(torch, calls, repeat), outs[0]
+    return calls, outs[0]
 
 
 def _rel_err(torch, out, ref):
@@ -336,22 +369,16 @@ def run_seed(torch, ort, cuda_mod, rows, repeat, quick):
 
 
 def _kernel_points(torch, cuda_mod, rows, base, sets, ref, causal, gqa, repeat):
+    """The SDPA backends and opsfuse's binding on one point, timed together (time_kernels_interleaved)."""
     fl, by = base["flops"], base["bytes"]
-    best = None
+    contenders = {}  # impl -> (calls, first set's output)
     for name, backend in _sdpa_backends(torch).items():
         if name == "math" and base["Sk"] * base["Sq"] * base["B"] * base["Hq"] > 2**28:
             continue  # materializes S: too slow / too large to be a peer
         try:
-            us, y = _time_sdpa(torch, backend, sets, causal, gqa, repeat)
-            row = dict(base, impl=f"SDPA {name}", mode="kernel", us=us, tflops=fl / us / 1e6, tbps=by / us / 1e6,
-                       rel_err=_rel_err(torch, y, ref) if ref is not None else None)
-            _point(rows, **row)
-            if best is None or us < best["us"]:
-                best = row
+            contenders[f"SDPA {name}"] = _sdpa_calls(torch, backend, sets, causal, gqa)
         except Exception as exc:  # noqa: BLE001
             _point(rows, **base, impl=f"SDPA {name}", mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
-    if best is not None:
-        _point(rows, **dict(best, impl="SDPA best", backend=best["impl"]))
     impls = ["opsfuse binding"]
     if _hopper_device(torch) and base["dtype"] in ("float16", "bfloat16"):
         # The launcher picks the Hopper kernel here where it covers the case; this row measures the
@@ -359,12 +386,29 @@ def _kernel_points(torch, cuda_mod, rows, base, sets, ref, causal, gqa, repeat):
         impls.append(_SM80_IMPL)
     for impl in impls:
         try:
-            with _kernels_of(impl):
-                us, y = _time_opsfuse(torch, cuda_mod, sets, causal, repeat)
-            _point(rows, **base, impl=impl, mode="kernel", us=us, tflops=fl / us / 1e6, tbps=by / us / 1e6,
-                   rel_err=_rel_err(torch, y, ref) if ref is not None else None)
+            contenders[impl] = _opsfuse_calls(torch, cuda_mod, sets, causal, impl)
         except Exception as exc:  # noqa: BLE001
             _point(rows, **base, impl=impl, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
+    try:
+        times = time_kernels_interleaved(torch, {n: c[0] for n, c in contenders.items()}, repeat)
+    except Exception as exc:  # noqa: BLE001 - record and go on
+        for name in contenders:
+            _point(rows, **base, impl=name, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
+        return
+    def row_of(name):
+        us, y = times[name], contenders[name][1]
+        return dict(base, impl=name, mode="kernel", us=us, tflops=fl / us / 1e6, tbps=by / us / 1e6,
+                    rel_err=_rel_err(torch, y, ref) if ref is not None else None)
+
+    sdpa_rows = [row_of(n) for n in contenders if n.startswith("SDPA ")]
+    for row in sdpa_rows:
+        _point(rows, **row)
+    if sdpa_rows:
+        best = min(sdpa_rows, key=lambda r: r["us"])
+        _point(rows, **dict(best, impl="SDPA best", backend=best["impl"]))
+    for name in contenders:
+        if not name.startswith("SDPA "):
+            _point(rows, **row_of(name))
 
 
 _SM80_IMPL = "opsfuse binding (sm80 kernel)"
@@ -467,6 +511,7 @@ def run_masked(torch, cuda_mod, rows, repeat, quick):
                     flops=fl, bytes=by)
         q0, k0, v0 = (x.double() for x in sets[0])
         ref = F.scaled_dot_product_attention(q0, k0, v0, attn_mask=mask.double())
+        contenders = {}  # impl -> (calls, first set's output, has a mask)
         for name, backend in _sdpa_backends(torch).items():
             if name == "math":
                 continue
@@ -475,10 +520,7 @@ def run_masked(torch, cuda_mod, rows, repeat, quick):
                 with sdpa_kernel([backend]):
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             try:
-                y = call(*sets[0])
-                us = time_calls(torch, [lambda x=x: call(*x) for x in sets], repeat)
-                _point(rows, **base, impl=f"SDPA {name}", mode="kernel", us=us, tflops=fl / us / 1e6,
-                       tbps=by / us / 1e6, rel_err=_rel_err(torch, y, ref))
+                contenders[f"SDPA {name}"] = ([lambda x=x, call=call: call(*x) for x in sets], call(*sets[0]), True)
             except Exception as exc:  # noqa: BLE001
                 _point(rows, **base, impl=f"SDPA {name}", mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
         for impl, m in (("opsfuse binding", mask), ("opsfuse binding, no mask", None)):
@@ -489,11 +531,20 @@ def run_masked(torch, cuda_mod, rows, repeat, quick):
                     outs.append(y)
                     calls.append(lambda q=q, k=k, v=v, y=y, m=m: cuda_mod.fused_attention(q, k, v, attn_mask=m, out=y))
                 calls[0]()
-                us = time_calls(torch, calls, repeat)
-                _point(rows, **base, impl=impl, mode="kernel", us=us, tflops=fl / us / 1e6, tbps=by / us / 1e6,
-                       rel_err=_rel_err(torch, outs[0], ref) if m is not None else None)
+                contenders[impl] = (calls, outs[0], m is not None)
             except Exception as exc:  # noqa: BLE001
                 _point(rows, **base, impl=impl, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
+        try:
+            times = time_kernels_interleaved(torch, {n: c[0] for n, c in contenders.items()}, repeat)
+        except Exception as exc:  # noqa: BLE001 - record and go on
+            times = {}
+            for name in contenders:
+                _point(rows, **base, impl=name, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
+        for name, (_calls, y, masked) in contenders.items() if times else ():
+            us = times[name]
+            _point(rows, **base, impl=name, mode="kernel", us=us, tflops=fl / us / 1e6, tbps=by / us / 1e6,
+                   rel_err=_rel_err(torch, y, ref) if masked else None)
+        contenders.clear()
         del sets
         torch.cuda.empty_cache()
 
@@ -613,7 +664,8 @@ def _markdown(meta, rows, summary):
         f"- measured ceilings: device copy {meta['ceilings'].get('copy_TBps', float('nan')):.2f} TB/s (read+write), "
         f"bf16 matmul {meta['ceilings'].get('bf16_matmul_TFLOPs', float('nan')):.0f} TFLOP/s",
         "- method: medians after warm-up; kernel-only rows are CUDA-graph replays of 10+ calls over rotated input "
-        "sets (>= 240 MB of inputs, or one set when larger); ORT rows are wall-clock per `run_with_iobinding` "
+        "sets (>= 240 MB of inputs, or one set when larger), the implementations of a point replayed round by "
+        "round, interleaved, in rotating order; ORT rows are wall-clock per `run_with_iobinding` "
         "(device buffers, synchronized; the four ORT variants of a point timed round by round, interleaved). FLOPs = 4·B·Hq·Sq·Sk·D (halved when causal); bytes = Q+K+V+Y once.",
         "",
         "## opsfuse against the best peer",
