@@ -8,8 +8,11 @@
 # its own cuDNN column, so that the machine's drift shows in the repeated columns.
 #
 # usage: scripts/ab_builds.sh GRID ROUNDS TAG=-DNAME=VALUE[,-DNAME2=VALUE2] ...
-#   GRID    an ab_sweep.py grid (d64, pshort, prefill, decode, ...)
-#   e.g.    scripts/ab_builds.sh d64 2 four=-DOPSFUSE_MY_KNOB=4 eight=-DOPSFUSE_MY_KNOB=8
+#   GRID    ab_sweep.py grids (d64, pshort, prefill, decode, ...), comma-separated; "bert" is
+#           scripts/bert_attention_sweep.py (BERT's attention layer, BERT_LAYOUTS of its layouts)
+#   e.g.    scripts/ab_builds.sh d64,bert 2 four=-DOPSFUSE_MY_KNOB=4 eight=-DOPSFUSE_MY_KNOB=8
+#   AB_CHECK=1  also builds each variant's check driver (plugin/cuda/tools) and runs it before the
+#               sweeps; a variant that fails a case is reported and still swept
 set -euo pipefail
 if [ $# -lt 3 ]; then
   echo "usage: $0 GRID ROUNDS TAG=-DNAME=VALUE[,...] ..." >&2
@@ -31,16 +34,27 @@ for spec in "$@"; do
   cmake -S "$REPO" -B "$dir" -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DOPSFUSE_CUDA=ON \
     ${ONNXRUNTIME_ROOT:+-DONNXRUNTIME_ROOT="$ONNXRUNTIME_ROOT"} -DPython_EXECUTABLE="$(command -v $PY)" \
     "-DCMAKE_CUDA_FLAGS=${defs//,/ }" > "$WORK/cmake-$tag.log"
-  ninja -C "$dir" _cuda > "$WORK/build-$tag.log"
+  ninja -C "$dir" _cuda ${AB_CHECK:+attention_cuda_check} > "$WORK/build-$tag.log"
   cp "$dir"/plugin/python/_cuda*.so "$WORK/$tag.so"
   tags+=("$tag")
   echo "built $tag ($defs)"
+  if [ -n "${AB_CHECK:-}" ]; then
+    timeout "${CHECK_TIMEOUT:-300}" "$dir/plugin/cuda/attention_cuda_check" > "$WORK/check-$tag.log" 2>&1 \
+      && echo "check $tag: $(tail -n 1 "$WORK/check-$tag.log")" \
+      || { echo "check $tag FAILED:"; grep -v " ok " "$WORK/check-$tag.log" | tail -n 20; }
+  fi
 done
 for round in $(seq 1 "$ROUNDS"); do
   for tag in "${tags[@]}"; do
     cp "$WORK/$tag.so" "$MOD"
-    echo "=== round $round: $tag"
-    $PY "$REPO/scripts/ab_sweep.py" "$GRID" D=1
+    for grid in ${GRID//,/ }; do
+      echo "=== round $round: $tag ($grid)"
+      if [ "$grid" = bert ]; then
+        $PY "$REPO/scripts/bert_attention_sweep.py" D=1
+      else
+        $PY "$REPO/scripts/ab_sweep.py" "$grid" D=1
+      fi
+    done
   done
 done
 cp "$WORK/base.so" "$MOD"  # the installed package as it was

@@ -41,7 +41,11 @@ PSHORT = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat
 CAUSAL = [(8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 4096, 128, torch.bfloat16, 1),
           (2, 16, 16384, 128, torch.bfloat16, 1), (4, 32, 2048, 128, torch.bfloat16, 1),
           (1, 32, 8192, 128, torch.bfloat16, 1), (4, 16, 4096, 64, torch.float16, 1)]
-GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "causal": CAUSAL}
+# items: persistent grids of short items (8 and 4 key tiles: the per-item costs) and one-round seed
+# launches, for changes at item boundaries (session 9: the pingpong's turns across a block's items)
+ITEMS = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.bfloat16, 1),
+         (8, 12, 512, 64, torch.float16, 0), (1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0)]
+GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "causal": CAUSAL, "items": ITEMS}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 

@@ -3,6 +3,7 @@ the BERT benchmark feeds it: which of layout, mask kind and data makes opsfuse's
 cuDNN there (run on the device; docs/notes/cuda_kernel.md quotes the output).
 
     python scripts/bert_attention_sweep.py [NAME=VALUE,... variants as in ab_sweep.py]
+    BERT_LAYOUTS=packed,bhsd python scripts/bert_attention_sweep.py D=1   # some layouts only
 
 Layouts: bhsd (contiguous (B,H,S,D)), const (the same with every element 1.06, as the check
 driver's --bench), bsh (three (B,S,H*D) tensors, as the 3-D rewrite reads the
@@ -11,6 +12,7 @@ zeros, additive padded as transformers builds it ((1 - m) * finfo(fp16).min, row
 bench.bert pads them), bool padded. Each timed by the benchmark's graph timer over rotated input
 sets; cuDNN (PyTorch SDPA) on the contiguous layout without a mask first, as the floor to reach.
 """
+import os
 import sys
 
 import torch
@@ -66,7 +68,7 @@ def main():
 
         print(f"S={s}: cuDNN bhsd no mask {time_graph(torch, [lambda x=x: cudnn(*x) for x in base], 7):.1f} us",
               flush=True)
-        for layout in ("bhsd", "const", "bsh", "packed"):
+        for layout in os.environ.get("BERT_LAYOUTS", "bhsd,const,bsh,packed").split(","):
             sets = base if layout == "bhsd" else [qkv_of(layout, s) for _ in range(n_sets)]
             for kind in ("none", "add0", "add_pad", "bool_pad"):
                 m = mask_of(kind, s)

@@ -23,16 +23,24 @@ def main() -> int:
     ap.add_argument("--shape", default="1,12,1024,64", help="B,H,S,D (Sq = Sk = S)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--causal", type=int, default=0)
+    ap.add_argument("--mask", default="none", choices=("none", "add0", "add_pad", "bool_pad"),
+                    help="a (B,1,1,S) padding mask as BERT's rewrite feeds it: additive zeros, additive "
+                         "(0 / float16 min) with BERT's padded lengths, or bool with those lengths")
     args = ap.parse_args()
     b, h, s, d = (int(x) for x in args.shape.split(","))
     dt = getattr(torch, args.dtype)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
+    keep = torch.arange(s, device="cuda")[None, :] < torch.tensor(
+        [s - round(i * 0.4 * s / max(b - 1, 1)) for i in range(b)], device="cuda")[:, None]
+    mask = {"none": None, "add0": torch.zeros(b, 1, 1, s, dtype=dt, device="cuda"),
+            "add_pad": ((~keep).to(dt) * torch.finfo(dt).min).view(b, 1, 1, s),
+            "bool_pad": keep.view(b, 1, 1, s)}[args.mask]
     from torch.nn.attention import SDPBackend, sdpa_kernel
     for _ in range(3):
-        y = oc.fused_attention(q, k, v, is_causal=args.causal)
+        y = oc.fused_attention(q, k, v, is_causal=args.causal, attn_mask=mask)
     for _ in range(3):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(args.causal))
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(args.causal), attn_mask=mask)
     torch.cuda.synchronize()
     print(f"max |opsfuse - cuDNN| = {(y.float() - ref.float()).abs().max().item():.3e}")
     return 0
