@@ -205,24 +205,26 @@ __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
   }
 }
 
-// One pair of mask elements (column c = i * 8 of a tile row, and c + 1) into `v` without a branch:
-// both when c + 1 < rem, the first alone when c + 1 == rem, none (v = 0) otherwise. kBytes: 1
-// (bool) or 2 (T); `base` points at column 0 of the tile row and is aligned to a pair.
+// One pair of mask elements (column c = kCol of a tile row, and c + 1) into `v` when c < rem (the
+// pair's first element is below the caller's key limit), else v = 0; the second element is read
+// whether or not it is below the limit (the scoring and the class vote ignore keys past it): it is
+// inside the row, since pair masks have rows of even length (hopper_mode) and pairs start at even
+// columns. One load per pair: with a second, narrower load for a pair cut by the limit, both loads
+// had the same destination register and ptxas made the second wait for the first one's data (a
+// write-after-write dependency) -- at the top of every key-tile step of the masked kernels, before
+// the step's products were issued (Nsight Compute, session 9). kBytes: 1 (bool) or 2 (T); `base`
+// points at column 0 of the tile row and is aligned to a pair.
 template <int kBytes, int kCol>
 __device__ __forceinline__ void mask_pair_load(uint32_t& v, const char* base, int rem) {
   v = 0;
   if constexpr (kBytes == 2) {
-    asm volatile(
-        "{\n.reg .pred p, q;\nsetp.gt.s32 p, %1, %3;\nsetp.eq.s32 q, %1, %3;\n"
-        "@p ld.global.nc.u32 %0, [%2+%4];\n@q ld.global.nc.u16 %0, [%2+%4];\n}\n"
-        : "+r"(v)
-        : "r"(rem), "l"(base), "n"(kCol + 1), "n"(kCol * kBytes));
+    asm volatile("{\n.reg .pred p;\nsetp.gt.s32 p, %1, %3;\n@p ld.global.nc.u32 %0, [%2+%4];\n}\n"
+                 : "+r"(v)
+                 : "r"(rem), "l"(base), "n"(kCol), "n"(kCol * kBytes));
   } else {
-    asm volatile(
-        "{\n.reg .pred p, q;\nsetp.gt.s32 p, %1, %3;\nsetp.eq.s32 q, %1, %3;\n"
-        "@p ld.global.nc.u16 %0, [%2+%4];\n@q ld.global.nc.u8 %0, [%2+%4];\n}\n"
-        : "+r"(v)
-        : "r"(rem), "l"(base), "n"(kCol + 1), "n"(kCol * kBytes));
+    asm volatile("{\n.reg .pred p;\nsetp.gt.s32 p, %1, %3;\n@p ld.global.nc.u16 %0, [%2+%4];\n}\n"
+                 : "+r"(v)
+                 : "r"(rem), "l"(base), "n"(kCol), "n"(kCol * kBytes));
   }
 }
 
@@ -286,8 +288,8 @@ __device__ __forceinline__ int tile_class_vote(const uint32_t (&w)[2], int n0, i
 //  kGeneral   softcap, or a mask whose layout the pair loads below cannot read: every score goes
 //             through full_score() after the P V product it overlaps with is done.
 //  kMaskAdd / kMaskBool  a mask (additive T / bool) without softcap, read as aligned column pairs
-//             (mask_stride[3] == 1, even element offsets: one 32-bit load per T pair, one 16-bit
-//             load per bool pair), per thread from two row pointers computed once; a tile's loads
+//             (mask_stride[3] == 1, even element offsets, rows of even length: one 32-bit load
+//             per T pair, one 16-bit load per bool pair), per thread from two row pointers computed once; a tile's loads
 //             are issued before its S wgmma is waited for, so their latency hides behind the matrix
 //             products. The values added are full_score()'s, bit for bit. A mask that is the same
 //             for every query row (mask_stride[2] == 0, padding masks) is first classified per key
@@ -604,8 +606,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // basic block, in which ptxas can overlap the exponentials with the pending P V product.
     // Pair masks: this thread's two mask rows (byte pointers; rows out of range have key_limit 0
     // and are never read), and the raw pairs of one tile, element e of a pair in bits [16e, 16e+16)
-    // (T) or [8e, 8e+8) (bool). A pair is read only below the row's key limit (<= Sk): one element
-    // when only the first one is; a row shared by both rows (mask_stride[2] == 0, padding masks) is
+    // (T) or [8e, 8e+8) (bool). A pair is read when its first element is below the row's key limit
+    // (<= Sk; see mask_pair_load); a row shared by both rows (mask_stride[2] == 0, padding masks) is
     // read once.
     constexpr int kMaskBytes = kMode == kMaskBool ? 1 : 2;
     // Row 1 (rbase + 8) is at mrow0 + 8 rows whenever it is valid (then row 0 is too), so only
@@ -619,7 +621,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int j0 = it * kBN + 2 * (lane % 4);
         auto load_row = [&](int hh, int lim) {
           const char* base = mrow0 + (hh * 8 * a.mask_stride[2] + j0) * kMaskBytes;
-          const int rem = lim - j0;  // column j0 + i * 8 (+ 1) is read when i * 8 (+ 1) < rem
+          const int rem = lim - j0;  // the pair at column j0 + i * 8 is read when i * 8 < rem
           mask_row_loads<kMaskBytes>(mraw[hh], base, rem, std::make_integer_sequence<int, kBN / 8>{});
         };
         if (mask_rows_shared) {
@@ -1056,15 +1058,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace hopper
 
 
-// Which instantiation (hopper::Mode) a launch takes. Pair masks need mask_stride[3] == 1 and every
-// element offset of a pair even (each stride even, the base aligned to a pair); anything else with
-// a mask, and softcap, take kGeneral. plan.mask_pairs false (OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0) sends
+// Which instantiation (hopper::Mode) a launch takes. Pair masks need mask_stride[3] == 1, every
+// element offset of a pair even (each stride even, the base aligned to a pair) and rows of even
+// length (Sk even: a pair that starts below Sk ends below it, see mask_pair_load); anything else
+// with a mask, and softcap, take kGeneral. plan.mask_pairs false (OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0) sends
 // masks to kGeneral too.
 inline int hopper_mode(const KernelArgs& a, const Plan& plan) {
   if (a.mask_kind == 0 && !(a.softcap > 0.0f)) return hopper::kPlain;
   if (a.mask_kind == 0 || a.softcap > 0.0f || !plan.mask_pairs) return hopper::kGeneral;
   const int64_t pair_bytes = a.mask_kind == 1 ? 2 : 4;
-  bool ok = a.mask_stride[3] == 1 && reinterpret_cast<uintptr_t>(a.mask) % pair_bytes == 0;
+  bool ok = a.mask_stride[3] == 1 && a.seq_k % 2 == 0 && reinterpret_cast<uintptr_t>(a.mask) % pair_bytes == 0;
   for (int i = 0; i < 3; ++i) ok = ok && a.mask_stride[i] % 2 == 0;
   if (!ok) return hopper::kGeneral;
   return a.mask_kind == 1 ? hopper::kMaskBool : hopper::kMaskAdd;
