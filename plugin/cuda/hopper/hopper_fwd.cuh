@@ -289,13 +289,13 @@ __device__ __forceinline__ int tile_class_vote(const uint32_t (&w)[2], int n0, i
 //             through full_score() after the P V product it overlaps with is done.
 //  kMaskAdd / kMaskBool  a mask (additive T / bool) without softcap, read as aligned column pairs
 //             (mask_stride[3] == 1, even element offsets, rows of even length: one 32-bit load
-//             per T pair, one 16-bit load per bool pair), per thread from two row pointers computed once; a tile's loads
-//             are issued before its S wgmma is waited for, so their latency hides behind the matrix
-//             products. The values added are full_score()'s, bit for bit. A mask that is the same
-//             for every query row (mask_stride[2] == 0, padding masks) is first classified per key
-//             tile (tile_class_vote): uniform and visible-prefix tiles skip the pair loads and the
-//             per-score mask work (kScoreFast / kScoreLimits / kScoreNone below); only kTileMixed
-//             tiles take the pair path.
+//             per T pair, one 16-bit load per bool pair), per thread from two row pointers
+//             computed once; a tile's loads are issued before its S wgmma is waited for, so
+//             their latency hides behind the matrix products. The values added are full_score()'s,
+//             bit for bit. A mask that is the same for every query row (mask_stride[2] == 0,
+//             padding masks) is first classified per key tile (tile_class_vote): uniform and
+//             visible-prefix tiles skip the pair loads and the per-score mask work (kScoreFast /
+//             kScoreLimits / kScoreNone below); only kTileMixed tiles take the pair path.
 enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3 };
 // How one key tile is scored (a compile-time variant of the loop body, so that each is one basic
 // block): kScoreFast no per-score work (raw q.k, the scale folded into the exponent; positive
@@ -1061,8 +1061,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Which instantiation (hopper::Mode) a launch takes. Pair masks need mask_stride[3] == 1, every
 // element offset of a pair even (each stride even, the base aligned to a pair) and rows of even
 // length (Sk even: a pair that starts below Sk ends below it, see mask_pair_load); anything else
-// with a mask, and softcap, take kGeneral. plan.mask_pairs false (OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0) sends
-// masks to kGeneral too.
+// with a mask, and softcap, take kGeneral. plan.mask_pairs false (OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0)
+// sends masks to kGeneral too.
 inline int hopper_mode(const KernelArgs& a, const Plan& plan) {
   if (a.mask_kind == 0 && !(a.softcap > 0.0f)) return hopper::kPlain;
   if (a.mask_kind == 0 || a.softcap > 0.0f || !plan.mask_pairs) return hopper::kGeneral;
