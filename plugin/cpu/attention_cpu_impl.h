@@ -751,6 +751,89 @@ __attribute__((noinline)) static void run_item_rows(ItemCtx& c, const Scratch& s
   }
 }
 
+// Q^T of one lane block: rows r_first .. r_first + n_rows - 1 into lanes 0 .. n_rows - 1 of qT
+// (d_len x kLB), lanes past them zero. Groups of kW rows go through kW x kW register transposes
+// (float32 loaded directly, float16 / bfloat16 converted on load where the ISA converts vectors),
+// the other rows and columns element by element: at S=128 the element loop (a strided store per
+// element) was ~10 % of the kernel's time.
+static void pack_qT(const ItemCtx& c, int64_t r_first, int64_t n_rows, int64_t d_len, float* qT) {
+  const AttentionParams& p = *c.p;
+  auto row_of = [&](int64_t x) {
+    const int64_t r = r_first + x;
+    return c.b * p.q_stride[0] + row_head(c, r) * p.q_stride[1] + row_pos(c, r) * p.q_stride[2];
+  };
+  bool vec_loads = p.dtype == DType::kFloat32;
+#if defined(OPSFUSE_HAS_VEC_HALF)
+  vec_loads = true;
+#endif
+  int64_t x = 0;
+  for (; vec_loads && x + kW <= n_rows; x += kW) {
+    int64_t rows[kW];
+    for (int i = 0; i < kW; ++i) rows[i] = row_of(x + i);
+    int64_t d = 0;
+    for (; d + kW <= d_len; d += kW) {
+      Vec v[kW];
+      for (int i = 0; i < kW; ++i) {
+        if (p.dtype == DType::kFloat32) v[i] = vload(static_cast<const float*>(p.q) + rows[i] + d);
+#if defined(OPSFUSE_HAS_VEC_HALF)
+        else if (p.dtype == DType::kFloat16) v[i] = vload_f16(static_cast<const uint16_t*>(p.q) + rows[i] + d);
+        else v[i] = vload_bf16(static_cast<const uint16_t*>(p.q) + rows[i] + d);
+#endif
+      }
+      vtranspose(v);
+      for (int j = 0; j < kW; ++j) vstore(qT + (d + j) * kLB + x, v[j]);
+    }
+    for (; d < d_len; ++d)
+      for (int i = 0; i < kW; ++i) qT[d * kLB + x + i] = load_elem(p.q, rows[i] + d, p.dtype);
+  }
+  for (; x < kLB; ++x) {
+    if (x < n_rows) {
+      const int64_t row = row_of(x);
+      for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + x] = load_elem(p.q, row + d, p.dtype);
+    } else {
+      for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + x] = 0.0f;
+    }
+  }
+}
+
+// Y rows r_first .. r_first + n_rows - 1 from lanes of oT (dv_len x kLB, already divided by l);
+// rows whose keys were all masked (l = 0) get zeros. Float32 groups of kW rows with none of them
+// empty go through kW x kW register transposes, the rest element by element (pack_qT's reason).
+static void unpack_oT(const ItemCtx& c, int64_t r_first, int64_t n_rows, int64_t dv_len, const float* oT,
+                      const float* l) {
+  const AttentionParams& p = *c.p;
+  auto row_of = [&](int64_t x) {
+    const int64_t r = r_first + x;
+    return c.b * p.y_stride[0] + row_head(c, r) * p.y_stride[1] + row_pos(c, r) * p.y_stride[2];
+  };
+  auto copy_row = [&](int64_t x) {
+    const int64_t row = row_of(x);
+    const bool empty = !(l[x] > 0.0f);
+    for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, empty ? 0.0f : oT[d * kLB + x]);
+  };
+  int64_t x = 0;
+  for (; x + kW <= n_rows; x += kW) {
+    bool whole = p.dtype == DType::kFloat32;
+    for (int i = 0; i < kW; ++i) whole = whole && l[x + i] > 0.0f;
+    if (!whole) {
+      for (int i = 0; i < kW; ++i) copy_row(x + i);
+      continue;
+    }
+    float* rows[kW];
+    for (int i = 0; i < kW; ++i) rows[i] = static_cast<float*>(p.y) + row_of(x + i);
+    int64_t d = 0;
+    for (; d + kW <= dv_len; d += kW) {
+      Vec v[kW];
+      for (int j = 0; j < kW; ++j) v[j] = vload(oT + (d + j) * kLB + x);
+      vtranspose(v);
+      for (int i = 0; i < kW; ++i) vstore(rows[i] + d, v[i]);
+    }
+    for (; d < dv_len; ++d)
+      for (int i = 0; i < kW; ++i) rows[i][d] = oT[d * kLB + x + i];
+  }
+  for (; x < n_rows; ++x) copy_row(x);
+}
+
 static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, float* scratch_base) {
   Scratch s;
   scratch_layout(p, t, scratch_base, &s);
@@ -801,23 +884,8 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
   }
 
   // Pack Q^T per lane block; lanes past the last row are zero.
-  for (int64_t lb = 0; lb < n_lb; ++lb) {
-    float* qT = s.qT + lb * d_len * kLB;
-    for (int64_t x = 0; x < kLB; ++x) {
-      const int64_t r = r0 + lb * kLB + x;
-      if (r < r0 + rn) {
-        const int64_t row = c.b * p.q_stride[0] + row_head(c, r) * p.q_stride[1] + row_pos(c, r) * p.q_stride[2];
-        if (p.dtype == DType::kFloat32) {
-          const float* src = static_cast<const float*>(p.q) + row;
-          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + x] = src[d];
-        } else {
-          for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + x] = load_elem(p.q, row + d, p.dtype);
-        }
-      } else {
-        for (int64_t d = 0; d < d_len; ++d) qT[d * kLB + x] = 0.0f;
-      }
-    }
-  }
+  for (int64_t lb = 0; lb < n_lb; ++lb)
+    pack_qT(c, r0 + lb * kLB, imin(kLB, rn - lb * kLB), d_len, s.qT + lb * d_len * kLB);
   std::memset(s.oT, 0, sizeof(float) * static_cast<size_t>(n_lb * dv_len * kLB));
   for (int64_t x = 0; x < n_lb * kLB; ++x) {
     s.m[x] = kNegInf;
@@ -875,21 +943,7 @@ static void run_item(const AttentionParams& p, const Tiling& t, int64_t item, fl
         float* x = o + d * kLB + cc * kW;
         vstore(x, vdiv(vload(x), vload(l_safe + cc * kW)));
       }
-    for (int64_t x = 0; x < n_rows; ++x) {
-      const int64_t r = r0 + lb * kLB + x;
-      const int64_t row = c.b * p.y_stride[0] + row_head(c, r) * p.y_stride[1] + row_pos(c, r) * p.y_stride[2];
-      const bool empty = !(l[x] > 0.0f);
-      if (p.dtype == DType::kFloat32) {
-        float* y = static_cast<float*>(p.y) + row;
-        if (empty) {
-          for (int64_t d = 0; d < dv_len; ++d) y[d] = 0.0f;
-        } else {
-          for (int64_t d = 0; d < dv_len; ++d) y[d] = o[d * kLB + x];
-        }
-      } else {
-        for (int64_t d = 0; d < dv_len; ++d) store_elem(p.y, row + d, p.dtype, empty ? 0.0f : o[d * kLB + x]);
-      }
-    }
+    unpack_oT(c, r0 + lb * kLB, n_rows, dv_len, o, l);
   }
 }
 

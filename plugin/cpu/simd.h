@@ -72,6 +72,32 @@ static inline Vec vload_bf16(const uint16_t* p) {
   __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 }
+// r[i] lane j <- r[j] lane i: a 16 x 16 transpose in four rounds of shuffles (pairs of rows,
+// quads within 128-bit lanes, then the 128-bit lanes across groups of four rows), 64 in all.
+static inline void vtranspose(Vec (&r)[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i].v, r[i + 1].v);
+    t[i + 1] = _mm512_unpackhi_ps(r[i].v, r[i + 1].v);
+  }
+  // u[4g + j], 128-bit lane L: column 4L + j of rows 4g .. 4g + 3.
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_shuffle_ps(t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 even01 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88);  // lanes 0, 2 of groups 0, 1
+    const __m512 odd01 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD);   // lanes 1, 3
+    const __m512 even23 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
+    const __m512 odd23 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
+    r[j].v = _mm512_shuffle_f32x4(even01, even23, 0x88);       // column j: lane 0 of each group
+    r[8 + j].v = _mm512_shuffle_f32x4(even01, even23, 0xDD);   // column 8 + j: lane 2
+    r[4 + j].v = _mm512_shuffle_f32x4(odd01, odd23, 0x88);     // column 4 + j: lane 1
+    r[12 + j].v = _mm512_shuffle_f32x4(odd01, odd23, 0xDD);    // column 12 + j: lane 3
+  }
+}
 #define OPSFUSE_HAS_VEC_HALF 1
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -117,6 +143,24 @@ static inline Vec vload_bf16(const uint16_t* p) {
   __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
 }
+// r[i] lane j <- r[j] lane i: an 8 x 8 transpose (pairs, quads within 128-bit halves, halves).
+static inline void vtranspose(Vec (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i].v, r[i + 1].v);
+    t[i + 1] = _mm256_unpackhi_ps(r[i].v, r[i + 1].v);
+  }
+  for (int g = 0; g < 8; g += 4) {
+    u[g] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j].v = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+    r[4 + j].v = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+  }
+}
 #define OPSFUSE_HAS_VEC_HALF 1
 
 #elif defined(__SSE2__)
@@ -155,6 +199,8 @@ static inline float vhsum(Vec a) {
   x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
   return _mm_cvtss_f32(x);
 }
+// r[i] lane j <- r[j] lane i (4 x 4).
+static inline void vtranspose(Vec (&r)[4]) { _MM_TRANSPOSE4_PS(r[0].v, r[1].v, r[2].v, r[3].v); }
 
 #else
 
@@ -189,6 +235,7 @@ static inline Vec vpow2_bits(Vec y) {
 }
 static inline Vec vneginf_to_zero(Vec x) { return {x.v == -__builtin_inff() ? 0.0f : x.v}; }
 static inline float vhsum(Vec a) { return a.v; }
+static inline void vtranspose(Vec (&)[1]) {}
 
 #endif
 
