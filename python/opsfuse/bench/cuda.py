@@ -368,6 +368,17 @@ def run_seed(torch, ort, cuda_mod, rows, repeat, quick):
             _kernel_points(torch, cuda_mod, rows, base, sets, ref, False, False, repeat)
 
 
+def _time_contenders(torch, rows, base, calls_by_name, repeat):
+    """time_kernels_interleaved for one point's contenders; where the timing itself fails, a row
+    with the error for each of them and an empty result."""
+    try:
+        return time_kernels_interleaved(torch, calls_by_name, repeat)
+    except Exception as exc:  # noqa: BLE001 - record and go on
+        for name in calls_by_name:
+            _point(rows, **base, impl=name, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
+        return {}
+
+
 def _kernel_points(torch, cuda_mod, rows, base, sets, ref, causal, gqa, repeat):
     """The SDPA backends and opsfuse's binding on one point, timed together (time_kernels_interleaved)."""
     fl, by = base["flops"], base["bytes"]
@@ -389,12 +400,10 @@ def _kernel_points(torch, cuda_mod, rows, base, sets, ref, causal, gqa, repeat):
             contenders[impl] = _opsfuse_calls(torch, cuda_mod, sets, causal, impl)
         except Exception as exc:  # noqa: BLE001
             _point(rows, **base, impl=impl, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
-    try:
-        times = time_kernels_interleaved(torch, {n: c[0] for n, c in contenders.items()}, repeat)
-    except Exception as exc:  # noqa: BLE001 - record and go on
-        for name in contenders:
-            _point(rows, **base, impl=name, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
+    times = _time_contenders(torch, rows, base, {n: c[0] for n, c in contenders.items()}, repeat)
+    if not times:
         return
+
     def row_of(name):
         us, y = times[name], contenders[name][1]
         return dict(base, impl=name, mode="kernel", us=us, tflops=fl / us / 1e6, tbps=by / us / 1e6,
@@ -534,12 +543,7 @@ def run_masked(torch, cuda_mod, rows, repeat, quick):
                 contenders[impl] = (calls, outs[0], m is not None)
             except Exception as exc:  # noqa: BLE001
                 _point(rows, **base, impl=impl, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
-        try:
-            times = time_kernels_interleaved(torch, {n: c[0] for n, c in contenders.items()}, repeat)
-        except Exception as exc:  # noqa: BLE001 - record and go on
-            times = {}
-            for name in contenders:
-                _point(rows, **base, impl=name, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
+        times = _time_contenders(torch, rows, base, {n: c[0] for n, c in contenders.items()}, repeat)
         for name, (_calls, y, masked) in contenders.items() if times else ():
             us = times[name]
             _point(rows, **base, impl=name, mode="kernel", us=us, tflops=fl / us / 1e6, tbps=by / us / 1e6,
