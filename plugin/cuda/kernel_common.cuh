@@ -3,7 +3,9 @@
 // bookkeeping of the GQA row packing, and the epilogue (final store or split-KV partials).
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -104,6 +106,21 @@ __device__ __forceinline__ KeyRange key_range(const KernelArgs& a, int r_lo, int
   return kr;
 }
 
+// A masked-path score (natural units) in the log2 units the softmax works in. A finite score
+// below -FLT_MAX / log2(e) -- bfloat16's and float32's lowest values, transformers' padding fill --
+// would overflow to -inf and a row of them would read as fully masked (zeros); it is held at
+// -FLT_MAX, so such a row attends uniformly as in float32 arithmetic. -inf stays -inf. float16
+// masks and scores cannot get there (|q.k| of float16 operands is far below 2.36e38).
+template <typename T>
+__device__ __forceinline__ float to_log2_units(float x) {
+  const float y = x * kLog2e;
+  if constexpr (std::is_same_v<T, __half>) {
+    return y;
+  } else {
+    return y == -INFINITY && x != -INFINITY ? -FLT_MAX : y;
+  }
+}
+
 // The contract for one score, slow path: s = scale * qk -> softcap -> + mask (or -inf) ->
 // causal / key_lengths. Returns the score in the log2 domain (times log2 e) or -inf.
 template <typename T>
@@ -119,7 +136,7 @@ __device__ __forceinline__ float full_score(const KernelArgs& a, float qk, const
       s += to_float<T>(static_cast<const T*>(a.mask)[off]);
     }
   }
-  return s * kLog2e;
+  return to_log2_units<T>(s);
 }
 
 // Writes one row's (max, sum) of a split (lane that owns the row; m in the log2 domain).

@@ -120,24 +120,22 @@ def test_mask_views(dtype, layout, kind):
     assert_within_2x_torch(y, q, k, v, mask, None, None, 1, 0.0, what=f"mask view {layout} (seed {seed})")
 
 
-@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32], ids=["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("sk", [520, 521])
 @pytest.mark.parametrize("is_causal", [0, 1])
 def test_padding_mask_at_lowest_value(dtype, sk, is_causal):
     """transformers' padding masks, (1 - mask) * finfo(dtype).min as a (B,1,1,Sk) additive mask: per
     batch all keys kept, a prefix ending inside a key tile, at a tile edge, one key, and none -- that
-    row adds the same finite value to every score, i.e. a softmax over its scores, not zeros. An
+    row adds the same finite value to every score, i.e. a softmax over its scores, not zeros (bf16's
+    and float32's lowest are below -FLT_MAX / log2(e): the kernels' log2 units must not overflow). An
     even Sk takes the Hopper kernel's tile classes (the padded keys add the constant without the mask
     loads), an odd one its general scoring; 200 query rows per head, several row and key tiles."""
     rng, seed = fresh_rng()
     b, hq, hkv, sq = 5, 4, 2, 200
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, 64, 64)
-    # (bf16: no row without a visible key -- bf16's lowest value times log2(e) overflows float32 in
-    # the CUDA kernels' log2-domain scores, and such a row comes out as zeros: a known issue,
-    # docs/notes/cuda_kernel.md, session 9.)
-    lengths = [sk, 301, 256, 1, 0 if dtype == np.float16 else 2]
+    lengths = [sk, 301, 256, 1, 0]
     keep = np.arange(sk)[None, :] < np.array(lengths)[:, None]
-    lowest = np.finfo(np.float16).min if dtype == np.float16 else float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)
+    lowest = float(ml_dtypes.finfo(dtype).min)
     mask = np.where(keep, 0.0, lowest).astype(dtype).reshape(b, 1, 1, sk)
     check(q, k, v, attn_mask=mask, is_causal=is_causal, seed=seed)
 

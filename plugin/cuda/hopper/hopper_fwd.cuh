@@ -664,7 +664,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               if constexpr (std::is_same_v<T, __half>) x += __half2float(__ushort_as_half(bits));
               else x += __bfloat162float(__ushort_as_bfloat16(bits));
             }
-            s[i * 4 + e] = vis ? x * kLog2e : -INFINITY;
+            s[i * 4 + e] = vis ? to_log2_units<T>(x) : -INFINITY;
           }
       } else if constexpr (kV == kScoreMask && elementwise) {
 #pragma unroll

@@ -125,16 +125,15 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream, int repeats
   std::uniform_real_distribution<double> ud(0.0, 1.0);
   for (size_t i = 0; i < nm; ++i) {
     int plen = c.mask_rank == 3 || c.mask_rank == 5 ? pad_length(int(i / c.Sk), c.Sk) : -1;
-    // bf16's lowest value times log2(e) overflows float32 in the kernels' log2-domain scores, so a
-    // row whose every key is at it comes out as zeros (a known issue, docs/notes/cuda_kernel.md,
-    // session 9): bf16 rank-5 masks keep one visible key where the prefix would be empty.
-    if (c.mask_rank == 5 && c.dtype == DType::kBFloat16 && plen == 0) plen = 1;
     if (plen >= 0) {
       // Padding: bool True / additive +0 or -0 (alternating: both are "no change") on the prefix,
       // False / -inf (rank 5: the lowest finite value) after it.
       const bool vis = int(i % c.Sk) < plen;
       mvis[i] = vis;
-      const double tail = c.mask_rank == 5 ? (c.dtype == DType::kFloat16 ? -65504.0 : -3.3895313892515355e38) : -INFINITY;
+      const double lowest = c.dtype == DType::kFloat16    ? -65504.0
+                            : c.dtype == DType::kBFloat16 ? -3.3895313892515355e38
+                                                          : -3.4028234663852886e38;
+      const double tail = c.mask_rank == 5 ? lowest : -INFINITY;
       if (c.mask == MaskKind::kBool) hm[i] = vis;
       else madd[i] = store_elem(c.dtype, hm.data(), i, vis ? (i % 2 ? -0.0 : 0.0) : tail);
     } else if (c.mask == MaskKind::kBool) {
@@ -443,6 +442,13 @@ int main(int argc, char** argv) {
       {"f32 causal1 gqa d80/40", F, 1, 4, 2, 50, 50, 80, 40, 1, 0.f, MB, 2, 32},
       {"f32 addmask softcap d256", F, 1, 2, 1, 20, 40, 256, 200, 2, 20.f, MA, 4, 0},
       {"f32 decode split d128", F, 2, 8, 8, 1, 3000, 128, 128, 0, 0.f, N, 0, 0},
+      // Padding masks at the element type's lowest value (pad_length(): batch 1's rows have no
+      // visible key -- a uniform softmax, bf16's and float32's lowest are below -FLT_MAX / log2(e))
+      // through the float32, the mma.sync (D=40) and the decode kernels.
+      {"f32 floorpad d64 97", F, 6, 2, 2, 97, 300, 64, 64, 0, 0.f, MA, 5, 0},
+      {"bf16 floorpad d40 causal2", BF, 6, 2, 1, 70, 200, 40, 40, 2, 0.f, MA, 5, 0},
+      {"bf16 floorpad decode gqa4 d128", BF, 6, 8, 2, 1, 1025, 128, 128, 0, 0.f, MA, 5, 0},
+      {"f32 floorpad decode d64", F, 6, 4, 4, 1, 777, 64, 64, 0, 0.f, MA, 5, 0},
       {"bf16 prefill split 8x4096", BF, 1, 1, 1, 8, 4096, 128, 128, 0, 0.f, N, 0, 0},
   };
   // Cases for the Hopper kernel (float16 / bfloat16; D and Dv <= 128 up to the D = 256 block at the
