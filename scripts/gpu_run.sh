@@ -130,6 +130,8 @@ if want build; then
   [ -f /tmp/opsfuse-pkg.path ] && export PYTHONPATH=$(cat /tmp/opsfuse-pkg.path)${PYTHONPATH:+:$PYTHONPATH}
 fi
 export OPSFUSE_CUDA_CHECK_BIN="$BUILD_DIR/plugin/cuda/attention_cuda_check"
+# The TensorRT plugin's driver test finds the driver built beside the library here.
+export OPSFUSE_BUILD_DIR="$BUILD_DIR"
 if want test; then
   # A kernel that deadlocks must cost minutes, not the whole device call.
   stage check timeout "${CHECK_TIMEOUT:-300}" "$OPSFUSE_CUDA_CHECK_BIN"
