@@ -8,10 +8,8 @@ hidden state X (every BERT / GPT-2 / Llama layer)::
 With ``packed_qkv`` = 1 (docs/notes/contract_3d_form.md, "Packed Q/K/V") the op reads Q, K and V as
 column windows of one (B, S, (Hq + 2*Hkv)*D) tensor, so the three MatMuls and Adds become one
 ``MatMul(X, [Wq | Wk | Wv])`` and one ``Add(., [bq | bk | bv])`` (a missing bias is zeros there:
-x + 0 == x), and the node takes that tensor as Q, K and V. With a bias, float32 / float16 and opset
->= 15, the MatMul and Add are one ``Gemm`` between two Reshapes instead (the bias added in the
-GEMM's epilogue, not by a pass over the whole packed tensor; rounded once, not twice). The old
-weights leave the model when nothing else reads them.
+x + 0 == x), and the node takes that tensor as Q, K and V. The old weights leave the model when
+nothing else reads them.
 
 **Not bit-exact**: every output column is the same dot product as before, but one GEMM of another
 shape may block and accumulate it differently (and so round differently). That is why the rewrite
@@ -213,66 +211,20 @@ def _new_initializer(graph: ir.Graph, name: str, arr: np.ndarray) -> ir.Value:
     return value
 
 
-def _shared_constant(graph: ir.Graph, name: str, arr: np.ndarray) -> ir.Value:
-    """An int64 initializer every layer can read: reused when `name` already holds `arr`."""
-    found = graph.initializers.get(name)
-    if found is not None and found.const_value is not None and np.array_equal(found.const_value.numpy(), arr):
-        return found
-    return _new_initializer(graph, name, arr)
-
-
-# Element types ONNX Runtime's CUDA Gemm has kernels for; other types keep MatMul + Add (a Gemm
-# without a kernel there would run on the CPU).
-_GEMM_DTYPES = (np.float32, np.float16)
-
-
-def _bias_in_gemm(plan: Plan, opset: int, bias_mode: str) -> bool:
-    return (bias_mode == "gemm" and plan.bias is not None and opset >= 15
-            and plan.weight.dtype in [np.dtype(t) for t in _GEMM_DTYPES])
-
-
-def _gemm_with_bias(new_nodes: list, graph: ir.Graph, x: ir.Value, weight: ir.Value, bias: ir.Value,
-                    base: str, value_type: ir.TypeProtocol | None) -> ir.Value:
-    """Reshape(X, (-1, hidden)) -> Gemm(., W, b) -> Reshape back to (X's leading dims, width).
-    The bias rides in the GEMM's epilogue (beta = 1) instead of a separate Add that reads and
-    writes the whole packed tensor again; Shape(X, end=-1) keeps the leading dims symbolic."""
-    hidden, width = weight.shape[0], weight.shape[1]
-    flat_shape = _shared_constant(graph, f"opsfuse/packed_qkv_flat_shape_{hidden}", np.array([-1, hidden], np.int64))
-    width_dim = _shared_constant(graph, f"opsfuse/packed_qkv_width_{width}", np.array([width], np.int64))
-    flat = emit.node(new_nodes, "Reshape", [x, flat_shape], name=f"{base}/packed_qkv_flatten")
-    gemm = emit.node(new_nodes, "Gemm", [flat, weight, bias], name=f"{base}/packed_qkv_Gemm")
-    lead = emit.node(new_nodes, "Shape", [x], {"end": -1}, name=f"{base}/packed_qkv_lead_dims")
-    shape = emit.node(new_nodes, "Concat", [lead, width_dim], {"axis": 0}, name=f"{base}/packed_qkv_shape")
-    if value_type is not None:  # (a value's shape is written only with its type)
-        for v, dims in ((flat, [None, hidden]), (gemm, [None, width])):
-            v.type, v.shape = value_type, ir.Shape(dims)
-    for v in (lead, shape):
-        v.type = ir.TensorType(ir.DataType.INT64)
-    return emit.node(new_nodes, "Reshape", [gemm, shape], name=f"{base}/packed_qkv_unflatten")
-
-
-def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict, opset: int = 0,
-            bias_mode: str = "gemm") -> ir.Node:
-    """One projection on the packed weights; the node reads it as Q, K and V. With a bias and
-    `bias_mode` "gemm" (opset >= 15, float32 / float16): a Gemm that adds it; else MatMul + Add."""
+def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
+    """One MatMul (and one Add) on the packed weights; the node reads it as Q, K and V."""
     node = match.node
     q = match.projections[0]
     base = emit.base_name(node, q.matmul)  # the attention's scope: .../attention/self/packed_qkv_weight
     weight = _new_initializer(graph, f"{base}/packed_qkv_weight", plan.weight)
     new_nodes: list[ir.Node] = []
-    width = plan.weight.shape[1]
-    if _bias_in_gemm(plan, opset, bias_mode):
+    packed = emit.node(new_nodes, "MatMul", [q.x, weight], name=f"{base}/packed_qkv_MatMul")
+    if plan.bias is not None:
         bias = _new_initializer(graph, f"{base}/packed_qkv_bias", plan.bias)
-        packed = _gemm_with_bias(new_nodes, graph, q.x, weight, bias, base, q.value.type)
-        full_width = [packed]
-    else:
-        packed = emit.node(new_nodes, "MatMul", [q.x, weight], name=f"{base}/packed_qkv_MatMul")
-        full_width = [packed]
-        if plan.bias is not None:
-            bias = _new_initializer(graph, f"{base}/packed_qkv_bias", plan.bias)
-            packed = emit.node(new_nodes, "Add", [packed, bias], name=f"{base}/packed_qkv_Add")
-            full_width.append(packed)
-    for out in full_width:  # (B, S, width) values
+        packed = emit.node(new_nodes, "Add", [packed, bias], name=f"{base}/packed_qkv_Add")
+    width = plan.weight.shape[1]
+    for n in new_nodes:
+        out = n.outputs[0]
         out.type = q.value.type
         if q.value.shape is not None and len(q.value.shape) == 3:
             out.shape = ir.Shape([q.value.shape[0], q.value.shape[1], width])
@@ -284,17 +236,13 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict, opset: int 
     return node
 
 
-def details(match: Match, plan: Plan, opset: int = 0, bias_mode: str = "gemm") -> dict:
-    return {"packed_width": int(plan.weight.shape[1]), "packed_bias": plan.bias is not None,
-            "packed_bias_in_gemm": _bias_in_gemm(plan, opset, bias_mode)}
+def details(match: Match, plan: Plan) -> dict:
+    return {"packed_width": int(plan.weight.shape[1]), "packed_bias": plan.bias is not None}
 
 
-def run(graph: ir.Graph, fused: list[ir.Node], shapes: dict, opset: int, bias_mode: str = "gemm") -> dict[str, dict]:
+def run(graph: ir.Graph, fused: list[ir.Node], shapes: dict, opset: int) -> dict[str, dict]:
     """Packs every fused node it can; returns {fused node name: details}, with ``packed_qkv`` (bool)
-    and ``packed_qkv_why_not`` (the reason, or ""). `bias_mode`: "gemm" (the bias in a Gemm where
-    the opset and type allow) or "add" (MatMul + Add)."""
-    if bias_mode not in ("gemm", "add"):
-        raise ValueError(f"pack_qkv bias_mode must be 'gemm' or 'add', got {bias_mode!r}")
+    and ``packed_qkv_why_not`` (the reason, or "")."""
     out: dict[str, dict] = {}
     for node in fused:
         if node.graph is not graph or not is_candidate(node):
@@ -302,9 +250,9 @@ def run(graph: ir.Graph, fused: list[ir.Node], shapes: dict, opset: int, bias_mo
         try:
             match = pattern(node)
             plan = check(match, shapes, opset)
-            rewrite(graph, match, plan, shapes, opset, bias_mode)
+            rewrite(graph, match, plan, shapes)
         except Reject as exc:
             out[node.name] = {"packed_qkv": False, "packed_qkv_why_not": str(exc)}
             continue
-        out[node.name] = {"packed_qkv": True, "packed_qkv_why_not": "", **details(match, plan, opset, bias_mode)}
+        out[node.name] = {"packed_qkv": True, "packed_qkv_why_not": "", **details(match, plan)}
     return out

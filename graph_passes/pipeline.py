@@ -27,13 +27,11 @@ def _opset(model: ir.Model) -> int:
 
 
 def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *,
-                 pack_qkv: bool = False, packed_bias: str = "gemm") -> dict[str, int]:
+                 pack_qkv: bool = False) -> dict[str, int]:
     """Rewrites `model` (onnx-ir, in place); returns {pass name: fused count}. Fills `report`.
 
     pack_qkv: also give the fused 3-D nodes one packed Q/K/V projection where they read three of
-    one tensor (``pack_qkv.py``; not bit-exact, so off by default); its count is under "pack_qkv".
-    packed_bias: how that projection adds its bias, "gemm" (a Gemm's epilogue, where the opset and
-    element type allow) or "add" (MatMul + Add)."""
+    one tensor (``pack_qkv.py``; not bit-exact, so off by default); its count is under "pack_qkv"."""
     report = report if report is not None else Report()
     start = time.perf_counter()
     graph = model.graph
@@ -85,7 +83,7 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *
     if pack_qkv:
         # Last: it replaces the projections the fused nodes read (the shapes map does not know the
         # packed tensor, and nothing after this needs it).
-        packed = pack_rule.run(graph, fused_nodes, shapes, opset, packed_bias)
+        packed = pack_rule.run(graph, fused_nodes, shapes, opset)
         for cand in report.candidates:
             if cand.fused and cand.fused_node in packed:
                 cand.details.update(packed[cand.fused_node])
@@ -99,13 +97,12 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *
     return dict(report.counts)
 
 
-def fuse_attention(model, *, pack_qkv: bool = False, packed_bias: str = "gemm"):
+def fuse_attention(model, *, pack_qkv: bool = False):
     """Fuses every provable attention subgraph into com.opsfuse::FusedAttention.
 
     pack_qkv=True: where a fused node reads three projections MatMul(X, W) [+ b] of one X, one
     MatMul on the concatenated weights feeds it as Q, K and V (``packed_qkv`` = 1). Not bit-exact
-    (a GEMM of another shape may round differently); the default rewrite is. packed_bias: "gemm"
-    (the default: the bias added in a Gemm, float32 / float16 at opset >= 15) or "add".
+    (a GEMM of another shape may round differently); the default rewrite is.
 
     `model` is an ``onnx.ModelProto`` (a rewritten copy is returned; the argument is not changed)
     or an ``onnx_ir.Model`` (rewritten in place and returned). Returns ``(model, report)``.
@@ -115,9 +112,9 @@ def fuse_attention(model, *, pack_qkv: bool = False, packed_bias: str = "gemm"):
         ir_model = ir.serde.deserialize_model(model)
         # deserialize_model shares nothing mutable with the proto, but its tensors may view the
         # proto's bytes: serialize before the caller can change them.
-        run_pipeline(ir_model, report, pack_qkv=pack_qkv, packed_bias=packed_bias)
+        run_pipeline(ir_model, report, pack_qkv=pack_qkv)
         return ir.serde.serialize_model(ir_model), report
     if isinstance(model, ir.Model):
-        run_pipeline(model, report, pack_qkv=pack_qkv, packed_bias=packed_bias)
+        run_pipeline(model, report, pack_qkv=pack_qkv)
         return model, report
     raise TypeError(f"fuse_attention takes an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")

@@ -1,7 +1,6 @@
 """The opt-in ``pack_qkv`` rewrite (graph_passes/pack_qkv.py): a 3-D FusedAttention whose Q, K and V
 are MatMul(X, W) [+ b] projections of one X gets one MatMul on [Wq | Wk | Wv] (and one Add of
-[bq | bk | bv]; with a bias, float32 / float16 and opset >= 15 one Gemm between Reshapes instead)
-and reads it with packed_qkv = 1. Anything else stays unpacked with a reason.
+[bq | bk | bv]) and reads it with packed_qkv = 1. Anything else stays unpacked with a reason.
 Not bit-exact (a GEMM of another shape), so the numeric checks use a tolerance, on random data."""
 
 from __future__ import annotations
@@ -78,9 +77,8 @@ def _ops(model) -> collections.Counter:
     return collections.Counter(n.op_type for n in model.graph.node)
 
 
-def _init_bytes(model, floats_only=False) -> int:
-    arrays = [numpy_helper.to_array(t) for t in model.graph.initializer]
-    return sum(a.nbytes for a in arrays if not floats_only or a.dtype.kind == "f")
+def _init_bytes(model) -> int:
+    return sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
 
 
 def _packed(model, **kw):
@@ -89,100 +87,37 @@ def _packed(model, **kw):
     return out, report
 
 
-def _projection_nodes(out, node):
-    """(the GEMM-like node, its weight input, its bias input or None) feeding the packed node."""
-    producer = {o: n for n in out.graph.node for o in n.output}
-    p = producer[node.input[0]]
-    if p.op_type == "Reshape":  # Reshape(Gemm(Reshape(x), W, b), Concat(Shape(x, end=-1), [width]))
-        gemm = producer[p.input[0]]
-        assert gemm.op_type == "Gemm" and producer[gemm.input[0]].op_type == "Reshape"
-        assert producer[gemm.input[0]].input[0] == "x"
-        shape = producer[p.input[1]]
-        assert shape.op_type == "Concat" and producer[shape.input[0]].op_type == "Shape"
-        assert producer[shape.input[0]].input[0] == "x"
-        return gemm, gemm.input[1], gemm.input[2]
-    if p.op_type == "Add":
-        mm = producer[p.input[0]]
-        assert mm.op_type == "MatMul" and mm.input[0] == "x"
-        return mm, mm.input[1], p.input[1]
-    assert p.op_type == "MatMul" and p.input[0] == "x"
-    return p, p.input[1], None
-
-
-@pytest.mark.parametrize("packed_bias", ["gemm", "add"])
 @pytest.mark.parametrize("bias,swap", [(("q", "k", "v"), ()), (("q", "k", "v"), ("q", "v")), ((), ()),
                                        (("q", "v"), ("v",))])
-def test_three_projections_become_one(bias, swap, packed_bias):
+def test_three_projections_become_one(bias, swap):
     model = projection_model(bias=bias, swap=swap)
     plain, _ = fuse_attention(model)
-    out, report = _packed(model, packed_bias=packed_bias)
+    out, report = _packed(model)
     assert report.counts["pack_qkv"] == 1, report.format()
     cand = report.candidates[0]
     assert cand.details["packed_qkv"] is True and cand.details["packed_qkv_why_not"] == ""
-    in_gemm = bool(bias) and packed_bias == "gemm"
-    assert cand.details["packed_bias_in_gemm"] is in_gemm
     node = fused_nodes(out)[0]
     a = attrs(node)
     assert a["packed_qkv"] == 1 and (a["q_num_heads"], a["kv_num_heads"]) == (3, 3)
     assert node.input[0] == node.input[1] == node.input[2]
     ops, before = _ops(out), _ops(plain)
-    if in_gemm:
-        assert ops["Gemm"] == 1 and ops["MatMul"] == 0 and ops["Add"] == 0 and ops["Reshape"] == before["Reshape"] + 2
-        assert before["MatMul"] == 3 and before["Add"] == len(bias)
-    else:
-        assert ops["MatMul"] == 1 and ops["Add"] == (1 if bias else 0) and "Gemm" not in ops
-        assert before["MatMul"] - ops["MatMul"] == 2 and before["Add"] - ops["Add"] == max(len(bias) - 1, 0)
+    assert ops["MatMul"] == 1 and ops["Add"] == (1 if bias else 0)
+    assert before["MatMul"] - ops["MatMul"] == 2 and before["Add"] - ops["Add"] == max(len(bias) - 1, 0)
     # The packed weight is [Wq | Wk | Wv]; the old weights and biases are gone.
     inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
     assert not {"wq", "wk", "wv", "bq", "bk", "bv"} & set(inits)
     orig = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    _, weight, bias_name = _projection_nodes(out, node)
-    np.testing.assert_array_equal(inits[weight], np.concatenate([orig["wq"], orig["wk"], orig["wv"]], axis=1))
-    assert (bias_name is not None) == bool(bias)
+    producer = {o: n for n in out.graph.node for o in n.output}
+    mm = producer[node.input[0]] if not bias else producer[producer[node.input[0]].input[0]]
+    assert mm.op_type == "MatMul" and mm.input[0] == "x"
+    np.testing.assert_array_equal(inits[mm.input[1]], np.concatenate([orig["wq"], orig["wk"], orig["wv"]], axis=1))
     if bias:
+        add = producer[node.input[0]]
         want = np.concatenate([orig.get(f"b{r}", np.zeros(12, np.float32)) for r in "qkv"])
-        np.testing.assert_array_equal(inits[bias_name], want)
-    # The same weights as the exact rewrite's, plus the zeros that stand for a missing bias (and the
-    # Gemm form's two int64 shape constants).
-    extra = (12 * 4 * (3 - len(bias)) if bias else 0) + (3 * 8 if in_gemm else 0)
-    assert _init_bytes(out) == _init_bytes(plain) + extra
+        np.testing.assert_array_equal(inits[add.input[1]], want)
+    # The same weights as the exact rewrite's, plus the zeros that stand for a missing bias.
+    assert _init_bytes(out) == _init_bytes(plain) + (12 * 4 * (3 - len(bias)) if bias else 0)
     assert_same_outputs(model, out, _feeds(model))
-
-
-def test_gemm_form_keeps_dynamic_batch_and_sequence():
-    """The Gemm form's Reshape back takes X's leading dims at run time: one model, several shapes."""
-    model = projection_model(B=2, S=5)
-    dims = {"x": ("batch", "seq", None), "pad": ("batch", None, None, "seq")}
-    for vi in model.graph.input:
-        for d, name in zip(vi.type.tensor_type.shape.dim, dims.get(vi.name, ())):
-            if name:
-                d.dim_param = name
-    out, report = _packed(model)
-    assert report.candidates[0].details["packed_bias_in_gemm"] is True
-    assert _ops(out)["Gemm"] == 1
-    rng = np.random.default_rng()
-    for b, seq in ((2, 5), (3, 9), (1, 1)):
-        pad = np.where(rng.random((b, 1, 1, seq)) < 0.4, np.finfo(np.float32).min, 0).astype(np.float32)
-        pad[..., 0] = 0
-        feeds = {"x": rng.standard_normal((b, seq, 10)).astype(np.float32), "pad": pad}
-        assert_same_outputs(model, out, feeds)
-
-
-@pytest.mark.parametrize("opset", [13, 14])
-def test_add_form_below_opset_15(opset):
-    """Shape's start / end attributes (the Gemm form's leading dims) arrived in opset 15."""
-    model = projection_model()
-    model.opset_import[0].version = opset
-    out, report = _packed(model)
-    assert report.counts["pack_qkv"] == 1 and report.candidates[0].details["packed_bias_in_gemm"] is False
-    ops = _ops(out)
-    assert ops["MatMul"] == 1 and ops["Add"] == 1 and "Gemm" not in ops
-    assert_same_outputs(model, out, _feeds(model))
-
-
-def test_bad_packed_bias_mode():
-    with pytest.raises(ValueError, match="bias_mode must be 'gemm' or 'add'"):
-        fuse_attention(projection_model(), pack_qkv=True, packed_bias="epilogue")
 
 
 def test_off_by_default_and_exact_then():
@@ -282,14 +217,11 @@ def test_tiny_bert(tiny_bert, tmp_path):
         assert a["packed_qkv"] == 1 and (a["q_num_heads"], a["kv_num_heads"]) == (4, 4)
         assert node.input[0] == node.input[1] == node.input[2]
     before, after = _ops(plain), _ops(out)
-    # Each layer's three MatMul + Add projections are one Gemm (between two Reshapes and the Shape /
-    # Concat of the leading dims).
-    assert before["MatMul"] - after["MatMul"] == 3 * layers and after["Gemm"] == layers
-    assert before["Add"] - after["Add"] == 3 * layers
-    # The old projection weights are dropped: the weights do not grow (the Gemm form adds two
-    # int64 shape constants, shared by the layers).
-    assert _init_bytes(out, floats_only=True) <= _init_bytes(tiny_bert, floats_only=True)
-    assert _init_bytes(out) <= _init_bytes(tiny_bert) + 3 * 8
+    assert before["MatMul"] - after["MatMul"] == 2 * layers
+    assert before["Add"] - after["Add"] == 2 * layers
+    assert len(plain.graph.node) - len(out.graph.node) >= 4 * layers
+    # The old projection weights are dropped: the initializers do not grow.
+    assert _init_bytes(out) <= _init_bytes(tiny_bert)
     # Written and read back the way the CLI does.
     import onnx_ir as ir
 

@@ -7,7 +7,7 @@ Everything is built on the machine that runs it (nothing downloaded, no model ca
    (dynamo=False, opset 17, dynamic batch and sequence axes; inputs input_ids, attention_mask,
    token_type_ids). float16 for ``--device cuda`` (``model.half().cuda()`` exported directly),
    float32 for ``--device cpu``.
-2. Six models:
+2. Five models:
      unfused         the plain export
      ort_optimized   onnxruntime.transformers.optimizer.optimize_model (model_type bert, opt_level 1 as
                      its docs recommend, use_gpu for cuda): Attention, SkipLayerNormalization, BiasGelu, ...
@@ -16,11 +16,9 @@ Everything is built on the machine that runs it (nothing downloaded, no model ca
                      with the (B, 1, S, S) mask read as the (B, 1, 1, S) tensor it was expanded from
      ort+opsfuse     optimize_model with attention fusion off, then the opsfuse rewrite
      ort+opsfuse packed  the same with the rewrite's opt-in pack_qkv (``rewrite --pack-qkv``): the three
-                     Q/K/V projection MatMuls and bias Adds of a layer become one Gemm on the concatenated
-                     weights and biases (between two Reshapes), read by FusedAttention with packed_qkv=1
-                     (not bit-exact: one GEMM of another shape; checked by the same accuracy rules)
-     ort+opsfuse packed, bias Add  the same packing with the bias as its own Add after one MatMul
-                     (``packed_bias="add"``): what the Gemm form is measured against
+                     Q/K/V projection MatMuls and bias Adds of a layer become one MatMul on the concatenated
+                     weights and one Add, read by FusedAttention with packed_qkv=1 (not bit-exact: one
+                     GEMM of another shape; checked by the same accuracy rules)
 3. session.run with host (numpy) inputs, ORT_ENABLE_ALL, the opsfuse library registered, CUDA EP
    for cuda; batch 8 x S in --seqs, a padding-style mask (a zero tail on most rows) and an all-ones
    mask; warm-up, then models interleaved round by round, median per model.
@@ -60,14 +58,11 @@ REFERENCE_MS = {
 }
 
 PACKED = "ort+opsfuse packed"
-PACKED_ADD = "ort+opsfuse packed, bias Add"
-MODELS = ("unfused", "ort_optimized", "opsfuse", "ort+opsfuse", PACKED, PACKED_ADD)
-OPSFUSE_MODELS = ("opsfuse", "ort+opsfuse", PACKED, PACKED_ADD)
-PACKED_MODELS = {PACKED: "gemm", PACKED_ADD: "add"}  # name -> the rewrite's packed_bias
+MODELS = ("unfused", "ort_optimized", "opsfuse", "ort+opsfuse", PACKED)
+OPSFUSE_MODELS = ("opsfuse", "ort+opsfuse", PACKED)
 # Column titles of the latency table.
 TITLES = {"unfused": "unfused", "ort_optimized": "ORT optimizer", "opsfuse": "opsfuse",
-          "ort+opsfuse": "ORT fusions + opsfuse", PACKED: "ORT fusions + opsfuse packed Q/K/V",
-          PACKED_ADD: "the same, bias as an Add"}
+          "ort+opsfuse": "ORT fusions + opsfuse", PACKED: "ORT fusions + opsfuse packed Q/K/V"}
 COUNTED_OPS = ("FusedAttention", "Attention", "MultiHeadAttention", "SkipLayerNormalization",
                "BiasGelu", "EmbedLayerNormalization", "FastGelu", "Gelu", "LayerNormalization",
                "SkipSimplifiedLayerNormalization", "Softmax", "MatMul", "Gemm")
@@ -286,14 +281,14 @@ def softmax_patterns(path: Path) -> list[dict]:
     return out
 
 
-def opsfuse_rewrite(src: Path, dst: Path, pack_qkv: bool = False, packed_bias: str = "gemm") -> dict:
+def opsfuse_rewrite(src: Path, dst: Path, pack_qkv: bool = False) -> dict:
     """The rewrite the CLI runs (model_io.load, fuse_attention, validate, save); pack_qkv as the
     CLI's --pack-qkv."""
     from opsfuse.graph_passes import model_io
     from opsfuse.graph_passes.pipeline import fuse_attention
 
     model = model_io.load(src)
-    model, report = fuse_attention(model, pack_qkv=pack_qkv, packed_bias=packed_bias)
+    model, report = fuse_attention(model, pack_qkv=pack_qkv)
     model_io.validate(model)
     model_io.save(model, dst, external_data=False)
     cap_ir_version(dst)
@@ -304,7 +299,6 @@ def opsfuse_rewrite(src: Path, dst: Path, pack_qkv: bool = False, packed_bias: s
                       "mask_unbroadcast": sum(bool(d.get("mask_unbroadcast")) for d in fused),
                       "three_d_why_not": sorted({d["three_d_why_not"] for d in fused if d.get("three_d_why_not")}),
                       "packed_qkv": sum(bool(d.get("packed_qkv")) for d in fused),
-                      "packed_bias_in_gemm": sum(bool(d.get("packed_bias_in_gemm")) for d in fused),
                       "packed_qkv_why_not": sorted({d["packed_qkv_why_not"] for d in fused
                                                     if d.get("packed_qkv_why_not")}),
                       "left_alone": [{"nodes": c.nodes, "reason": c.reason} for c in report.left],
@@ -510,11 +504,10 @@ def markdown(result: dict) -> str:
         lines.append(f"- {name}: rewrite found {rep['found']} attention candidates, fused {rep['fused']} "
                      f"(expected {result['meta']['config']['num_hidden_layers']}); 3-D form (B, S, H·D) "
                      f"{rep.get('three_d', 0)}, mask read un-expanded {rep.get('mask_unbroadcast', 0)}"
-                     + (f", packed Q/K/V {rep.get('packed_qkv', 0)} (bias in a Gemm: "
-                        f"{rep.get('packed_bias_in_gemm', 0)})" if name in PACKED_MODELS else ""))
+                     + (f", packed Q/K/V {rep.get('packed_qkv', 0)}" if name == PACKED else ""))
         for why in rep.get("three_d_why_not", []):
             lines.append(f"  - 4-D form kept: {why}")
-        for why in rep.get("packed_qkv_why_not", []) if name in PACKED_MODELS else []:
+        for why in rep.get("packed_qkv_why_not", []) if name == PACKED else []:
             lines.append(f"  - Q/K/V not packed: {why}")
         for c in rep["left_alone"]:
             lines.append(f"  - left alone {c['nodes']}: {c['reason']}")
@@ -650,10 +643,9 @@ def run(args) -> int:
         t0 = time.perf_counter()
         mid = tmp / "bert_ort_noattn.onnx"
         noattn = ort_optimize(paths["unfused"], mid, cfg, device, dtype, attention=False)
-        for name in ("ort+opsfuse", *PACKED_MODELS):
-            pack = name in PACKED_MODELS
+        for name, pack in (("ort+opsfuse", False), (PACKED, True)):
             t1 = time.perf_counter()
-            info = opsfuse_rewrite(mid, paths[name], pack_qkv=pack, packed_bias=PACKED_MODELS.get(name, "gemm"))
+            info = opsfuse_rewrite(mid, paths[name], pack_qkv=pack)
             info["ort_options"] = noattn["options"]
             info["before_rewrite"] = noattn["fused_ops"]
             result["models"][name] = info
