@@ -1,0 +1,113 @@
+"""BERT-base's attention layer (B=8, H=12, S=512, D=64, fp16, the packed (B, S, 3*H*D) layout the
+--pack-qkv rewrite feeds it) timed per kernel by the PyTorch profiler in three contexts, to tell why
+opsfuse's kernel takes longer inside the ONNX Runtime model than alone (docs/notes/cuda_kernel.md,
+session 10): its inputs' L2 state, the GEMMs around it (clocks, caches), or nothing of the kind.
+
+    python scripts/bert_layer_in_context.py [ROUNDS]
+
+Contexts, each a loop of ROUNDS (default 60) after a warm-up:
+  alone        the attention call on the same inputs, back to back (inputs hot in L2)
+  projection   the layer's packed projection GEMM + bias (x @ W + b, writes the packed tensor) and
+               then the attention call on that tensor, as in the model
+  layer        the projection, the attention, then the rest of a BERT layer's GEMMs (output
+               projection 768x768 and the 768x3072 / 3072x768 feed-forward) -- the model's heat and
+               L2 traffic between two attention calls
+Contenders: opsfuse (the binding; masks: none, additive zeros, transformers' padded additive) and
+cuDNN (PyTorch SDPA, its backend forced; with the same additive masks where it takes them).
+Prints the median device time of each attention kernel per context (µs).
+"""
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import opsfuse.cuda as oc
+
+B, H, S, D = 8, 12, 512, 64
+HID = H * D
+
+
+def padded_mask():
+    keep = torch.zeros(B, S, dtype=torch.bool, device="cuda")
+    for i in range(B):
+        keep[i, :S - round(i * 0.4 * S / (B - 1))] = True
+    return ((~keep).to(torch.float16) * torch.finfo(torch.float16).min).view(B, 1, 1, S)
+
+
+def views(packed):
+    p = packed.view(B, S, 3, H, D)
+    return tuple(p[:, :, i].transpose(1, 2) for i in range(3))
+
+
+def cudnn(q, k, v, m):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+
+def kernel_times(fn, rounds):
+    """Median device µs of every kernel launched by `rounds` calls of fn, by kernel name."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            fn()
+        torch.cuda.synchronize()
+    per_name = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            per_name.setdefault(e.name, []).append(e.device_time)
+    return {name: statistics.median(ts) for name, ts in per_name.items()}
+
+
+def attention_kernel(times):
+    keys = [k for k in times if "hopper_fwd" in k or "flash" in k or "sdpa" in k or "fmha" in k]
+    return max(keys, key=lambda k: times[k]) if keys else None
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+    torch.manual_seed(0)
+    x = torch.randn(B * S, HID, device="cuda", dtype=torch.float16)
+    w_qkv = torch.randn(HID, 3 * HID, device="cuda", dtype=torch.float16) / HID ** 0.5
+    b_qkv = torch.randn(3 * HID, device="cuda", dtype=torch.float16) * 0.1
+    w_o = torch.randn(HID, HID, device="cuda", dtype=torch.float16) / HID ** 0.5
+    w_1 = torch.randn(HID, 4 * HID, device="cuda", dtype=torch.float16) / HID ** 0.5
+    w_2 = torch.randn(4 * HID, HID, device="cuda", dtype=torch.float16) / (4 * HID) ** 0.5
+    packed = torch.addmm(b_qkv, x, w_qkv)  # (B*S, 3*H*D)
+    masks = {"none": None, "add0": torch.zeros(B, 1, 1, S, dtype=torch.float16, device="cuda"),
+             "add_pad": padded_mask()}
+    contenders = {"opsfuse": lambda q, k, v, m: oc.fused_attention(q, k, v, attn_mask=m), "cuDNN": cudnn}
+
+    def step(ctx, attend, m):
+        def run():
+            if ctx == "alone":
+                attend(*views(packed), m)
+                return
+            p = torch.addmm(b_qkv, x, w_qkv)
+            y = attend(*views(p), m)
+            if ctx == "layer":
+                h = y.transpose(1, 2).reshape(B * S, HID) @ w_o
+                (F.gelu(h @ w_1) @ w_2).sum()
+        return run
+
+    print(f"B={B} H={H} S={S} D={D} fp16, packed layout; median kernel µs over {rounds} rounds", flush=True)
+    print(f"{'contender':9s} {'mask':8s} " + " ".join(f"{c:>12s}" for c in ("alone", "projection", "layer")))
+    for name, attend in contenders.items():
+        for mname, m in masks.items():
+            cells = []
+            for ctx in ("alone", "projection", "layer"):
+                try:
+                    times = kernel_times(step(ctx, attend, m), rounds)
+                    k = attention_kernel(times)
+                    cells.append(f"{times[k]:12.1f}" if k else f"{'?':>12s}")
+                except Exception as exc:  # noqa: BLE001 - a backend that rejects this mask: say so
+                    cells.append(f"{type(exc).__name__[:12]:>12s}")
+            print(f"{name:9s} {mname:8s} " + " ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
