@@ -1,5 +1,5 @@
 """BERT-base's attention layer (B=8, H=12, S=512, D=64, fp16, the packed (B, S, 3*H*D) layout the
---pack-qkv rewrite feeds it) timed per kernel by the PyTorch profiler in three contexts, to tell why
+--pack-qkv rewrite feeds it) timed per kernel by the PyTorch profiler in six contexts, to tell why
 opsfuse's kernel takes longer inside the ONNX Runtime model than alone (docs/notes/cuda_kernel.md,
 session 10): its inputs' L2 state, the GEMMs around it (clocks, caches), or nothing of the kind.
 
@@ -12,6 +12,14 @@ Contexts, each a loop of ROUNDS (default 60) after a warm-up:
   layer        the projection, the attention, then the rest of a BERT layer's GEMMs (output
                projection 768x768 and the 768x3072 / 3072x768 feed-forward) -- the model's heat and
                L2 traffic between two attention calls
+  layer+warm   the same with a small call of the same kernel (one head of the most padded row)
+               right before the attention: it brings the kernel's code back into L2 (a diagnostic:
+               if the code's fetch is what the GEMMs cost, the big call runs at the "projection"
+               speed again; its own time is not counted)
+  traffic      the projection and the attention with ~200 MB of device copies in between (L2
+               flushed and refilled with dirty lines, little arithmetic)
+  compute      the projection and the attention with 2048^3 matrix products on the same small
+               operands in between (as much tensor-core time as the layer's GEMMs, L2 untouched)
 Contenders: opsfuse (the binding; masks: none, additive zeros, transformers' padded additive) and
 cuDNN (PyTorch SDPA, its backend forced; with the same additive masks where it takes them).
 Prints the median device time of each attention kernel per context (µs).
@@ -48,7 +56,8 @@ def cudnn(q, k, v, m):
 
 
 def kernel_times(fn, rounds):
-    """Median device µs of every kernel launched by `rounds` calls of fn, by kernel name."""
+    """Median device µs of every kernel launched by `rounds` calls of fn, by kernel name (of the
+    longer half of its launches when fn launches a kernel twice, a small and a large call)."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
@@ -60,7 +69,12 @@ def kernel_times(fn, rounds):
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
             per_name.setdefault(e.name, []).append(e.device_time)
-    return {name: statistics.median(ts) for name, ts in per_name.items()}
+    out = {}
+    for name, ts in per_name.items():
+        if len(ts) >= 2 * rounds:
+            ts = sorted(ts)[len(ts) // 2:]
+        out[name] = statistics.median(ts)
+    return out
 
 
 def attention_kernel(times):
@@ -78,28 +92,43 @@ def main():
     w_1 = torch.randn(HID, 4 * HID, device="cuda", dtype=torch.float16) / HID ** 0.5
     w_2 = torch.randn(4 * HID, HID, device="cuda", dtype=torch.float16) / (4 * HID) ** 0.5
     packed = torch.addmm(b_qkv, x, w_qkv)  # (B*S, 3*H*D)
+    big_src = torch.empty(100 * 2**20, dtype=torch.uint8, device="cuda")
+    big_dst = torch.empty_like(big_src)
+    sq = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
     masks = {"none": None, "add0": torch.zeros(B, 1, 1, S, dtype=torch.float16, device="cuda"),
              "add_pad": padded_mask()}
     contenders = {"opsfuse": lambda q, k, v, m: oc.fused_attention(q, k, v, attn_mask=m), "cuDNN": cudnn}
 
     def step(ctx, attend, m):
+        small = [t[B - 1:, :1] for t in views(packed)]
+        m_small = None if m is None else m[B - 1:]
+
         def run():
             if ctx == "alone":
                 attend(*views(packed), m)
                 return
             p = torch.addmm(b_qkv, x, w_qkv)
+            if ctx == "layer+warm":
+                attend(*small, m_small)
             y = attend(*views(p), m)
-            if ctx == "layer":
+            if ctx == "traffic":
+                big_dst.copy_(big_src)
+                big_src.copy_(big_dst)
+            if ctx == "compute":
+                for _ in range(4):
+                    sq @ sq
+            if ctx.startswith("layer"):
                 h = y.transpose(1, 2).reshape(B * S, HID) @ w_o
                 (F.gelu(h @ w_1) @ w_2).sum()
         return run
 
     print(f"B={B} H={H} S={S} D={D} fp16, packed layout; median kernel µs over {rounds} rounds", flush=True)
-    print(f"{'contender':9s} {'mask':8s} " + " ".join(f"{c:>12s}" for c in ("alone", "projection", "layer")))
+    contexts = ("alone", "projection", "layer", "layer+warm", "traffic", "compute")
+    print(f"{'contender':9s} {'mask':8s} " + " ".join(f"{c:>12s}" for c in contexts))
     for name, attend in contenders.items():
         for mname, m in masks.items():
             cells = []
-            for ctx in ("alone", "projection", "layer"):
+            for ctx in contexts:
                 try:
                     times = kernel_times(step(ctx, attend, m), rounds)
                     k = attention_kernel(times)
