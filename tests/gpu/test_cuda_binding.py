@@ -129,7 +129,8 @@ def test_padding_mask_at_lowest_value(dtype, sk, is_causal):
     row adds the same finite value to every score, i.e. a softmax over its scores, not zeros (bf16's
     and float32's lowest are below -FLT_MAX / log2(e): the kernels' log2 units must not overflow). An
     even Sk takes the Hopper kernel's tile classes (the padded keys add the constant without the mask
-    loads), an odd one its general scoring; 200 query rows per head, several row and key tiles."""
+    loads), an odd one its general scoring (float32: the float32 kernel); 200 query rows per head,
+    several row and key tiles."""
     rng, seed = fresh_rng()
     b, hq, hkv, sq = 5, 4, 2, 200
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, 64, 64)
