@@ -29,9 +29,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 import opsfuse.cuda as oc
+from opsfuse.bench.kernel_trace import profile_calls
 
 B, H, S, D = 8, 12, 512, 64
 HID = H * D
@@ -58,13 +58,7 @@ def cudnn(q, k, v, m):
 def kernel_times(fn, rounds):
     """Median device µs of every kernel launched by `rounds` calls of fn, by kernel name (of the
     longer half of its launches when fn launches a kernel twice, a small and a large call)."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(rounds):
-            fn()
-        torch.cuda.synchronize()
+    prof = profile_calls(torch, fn, rounds, warmup=10)
     per_name = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:

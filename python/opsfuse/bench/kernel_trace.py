@@ -8,12 +8,9 @@ say where a session.run's GPU time goes (which kernels, how many, how long), nex
 from __future__ import annotations
 
 
-def trace_kernels(torch, call, rounds: int = 3, warmup: int = 2, top: int = 12) -> dict:
-    """Runs ``call`` ``warmup`` times, then ``rounds`` times under the profiler.
-
-    Returns {"gpu_us": summed kernel/memcpy/memset time per round, "launches": device activities
-    per round, "top": [{"name", "per_round", "us"} ...] (the ``top`` longest, us per round)}.
-    """
+def profile_calls(torch, call, rounds: int, warmup: int):
+    """Runs ``call`` ``warmup`` times, then ``rounds`` times under the profiler (CUDA activity only,
+    synchronized before it stops); returns the profiler, whose events the caller reads."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warmup):
@@ -23,6 +20,16 @@ def trace_kernels(torch, call, rounds: int = 3, warmup: int = 2, top: int = 12) 
         for _ in range(rounds):
             call()
         torch.cuda.synchronize()
+    return prof
+
+
+def trace_kernels(torch, call, rounds: int = 3, warmup: int = 2, top: int = 12) -> dict:
+    """Runs ``call`` ``warmup`` times, then ``rounds`` times under the profiler.
+
+    Returns {"gpu_us": summed kernel/memcpy/memset time per round, "launches": device activities
+    per round, "top": [{"name", "per_round", "us"} ...] (the ``top`` longest, us per round)}.
+    """
+    prof = profile_calls(torch, call, rounds, warmup)
     rows = []
     for avg in prof.key_averages():
         us = float(getattr(avg, "device_time_total", 0.0) or getattr(avg, "cuda_time_total", 0.0))
