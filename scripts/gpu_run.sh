@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, tests and benchmarks opsfuse on a machine with an NVIDIA GPU, in one go:
 #   1. environment report (GPU, driver, nvcc, python packages)
-#   2. optional onnxruntime-gpu from an archive (ORT_GPU_ARCHIVE, or pieces in ORT_GPU_PIECES)
+#   2. optional onnxruntime-gpu from an archive (ORT_GPU_ARCHIVE, or pieces in ORT_GPU_PIECES, which
+#      scripts/ortgpu_pieces.sh prepares)
 #   3. build + install the package (pip, no build isolation; falls back to plain CMake)
 #   4. plugin/cuda/tools/attention_cuda_check, then `pytest -m gpu tests/` (which also runs
 #      compute-sanitizer memcheck + racecheck over the check driver)
