@@ -11,7 +11,8 @@ shift 2
 ncu_bin=${NCU:-$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)}
 [ -x "$ncu_bin" ] || { echo "ncu not found (set NCU)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
-"$ncu_bin" -f -k "regex:$regex" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+# --clock-control none: the card's clocks as they are (the default locks them at base clock).
+"$ncu_bin" -f -k "regex:$regex" --launch-skip 2 --launch-count 1 --clock-control none --section SpeedOfLight \
   --section WarpStateStats --section InstructionStats --section SchedulerStats --section SourceCounters \
   -o "$out" python3 "$here/profile_kernels.py" "$@" > "$out.log" 2>&1
 "$ncu_bin" -i "$out.ncu-rep" --page details > "$out.details.txt"
