@@ -31,17 +31,11 @@ import torch
 import torch.nn.functional as F
 
 import opsfuse.cuda as oc
+from bert_attention_sweep import B, D, H, mask_of  # BERT's layer and masks, as the sweep builds them
 from opsfuse.bench.kernel_trace import profile_calls
 
-B, H, S, D = 8, 12, 512, 64
+S = 512
 HID = H * D
-
-
-def padded_mask():
-    keep = torch.zeros(B, S, dtype=torch.bool, device="cuda")
-    for i in range(B):
-        keep[i, :S - round(i * 0.4 * S / (B - 1))] = True
-    return ((~keep).to(torch.float16) * torch.finfo(torch.float16).min).view(B, 1, 1, S)
 
 
 def views(packed):
@@ -89,8 +83,7 @@ def main():
     big_src = torch.empty(100 * 2**20, dtype=torch.uint8, device="cuda")
     big_dst = torch.empty_like(big_src)
     sq = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
-    masks = {"none": None, "add0": torch.zeros(B, 1, 1, S, dtype=torch.float16, device="cuda"),
-             "add_pad": padded_mask()}
+    masks = {kind: mask_of(kind, S) for kind in ("none", "add0", "add_pad")}
     contenders = {"opsfuse": lambda q, k, v, m: oc.fused_attention(q, k, v, attn_mask=m), "cuDNN": cudnn}
 
     def step(ctx, attend, m):
