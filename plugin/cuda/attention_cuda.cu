@@ -28,6 +28,8 @@
 //   OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=0 / 1  (A/B, tests) no tail split of a persistent Hopper grid /
 //                                  one wherever the persistent grid is taken and its last round
 //                                  fits in one split round (hopper_tail_split()).
+//   OPSFUSE_CUDA_HOPPER_STREAM_K=0 / 1  (A/B, tests) no stream-K schedule / one wherever the
+//                                  kernel takes it (hopper_stream_k()).
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -133,7 +135,7 @@ Switches read_switches() {
   static constexpr const char* kNames[] = {
       "DISABLE_HOPPER",    "FORCE_HOPPER",      "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS", "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
-      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "DECODE_SPLITS",  "DECODE_NO_CLUSTER",   "DECODE_L2_PROMOTION",
+      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "DECODE_SPLITS",  "DECODE_NO_CLUSTER",   "DECODE_L2_PROMOTION",
       "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
                 "one name per Switch, in its order");
@@ -293,6 +295,37 @@ struct Persistence {
   return items / g == 1 && p.is_causal == 0 && p.key_lengths == nullptr;
 }
 
+// Hopper stream-K (hopper_fwd.cuh, KernelArgs::sk_count): a persistent grid of G blocks over n
+// items of T key tiles each takes ceil(n / G) item times, the last round partly idle (prefill B=8
+// H=16 D=128: S=1024 is 1024 items of 8 key tiles on 132 SMs, 7.76 rounds; S=4096 and 16384 are
+// 4096 items, 31.03 rounds: ~3 % of the SMs' time idle at each). With stream-K the last n_sk items
+// (G <= n_sk < 2 G, after floor(n / G) - 1 rounds of whole items) are shared as n_sk T (item, key
+// tile) units in contiguous ranges of ~n_sk T / G, so every block finishes at about the same time;
+// an item cut between two blocks costs one float32 partial (O, max, sum) written and read back
+// through L2 (~70 KB at D = 128) and one arrival count, and the counts a memset: ~10 us of fixed
+// cost in all, measured on the H200 (2026-12-02, interleaved A/B against the static order, B=8
+// H=16 D=128 bf16): S=1024 (T = 8, item ~15 us) 131.6-134.4 us against 122.9-125.7, slower;
+// S=4096 (T = 32) 1881-1889 against 1908-1913, S=16384 (T = 128) 7393-7401 against 7427-7462
+// -- 0.5-1.5 %, not the 3 % of idle SM time the round count suggests (the blocks' speeds differ
+// by as much). Taken for items of >= 32 key tiles where the static grid loses >= 2 % to the
+// partial round: uniform items (non-causal, no key_lengths), no mask or softcap (the plain
+// kernel), D <= 128, items >= G, and not where the tail split is taken (G < n <= 1.5 G).
+// OPSFUSE_CUDA_HOPPER_STREAM_K=0: never; =1: wherever those conditions hold but the 2 %, the
+// 32 key tiles (>= 2 suffice) and the tail split's.
+[[maybe_unused]] bool hopper_stream_k(const AttentionParams& p, const Plan& plan, const Switches& sw) {
+  if (sw.is(Switch::kHopperStreamK, '0')) return false;
+  if (plan.persistent <= 0 || plan.sched_heads != 0 || plan.cluster != 1 || plan.bucket > 128) return false;
+  if (p.is_causal != 0 || p.key_lengths != nullptr || p.mask_kind != MaskKind::kNone || p.softcap > 0.0f)
+    return false;
+  const int64_t items = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
+  const int64_t tiles = ceil_div(p.seq_k, plan.block_n);
+  const int64_t g = plan.persistent;
+  if (items < g || tiles < 2 || items * tiles >= INT_MAX) return false;
+  if (sw.is(Switch::kHopperStreamK, '1')) return true;
+  const int64_t rounds = (items + g - 1) / g;
+  return tiles >= 32 && static_cast<double>(rounds * g) >= 1.02 * static_cast<double>(items);
+}
+
 // Decode cluster merge: how many clusters of `cluster` blocks of the plan's decode kernel
 // (flash_decode.cuh for this ring depth, or hopper/hopper_decode.cuh) for this dtype / bucket fit on
 // the device at once (0: not compiled for sm_90).
@@ -448,8 +481,10 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
     const Persistence pers = plan.cluster == 1 ? hopper_persistence(p, dev, plan, sw) : Persistence{};
     plan.persistent = pers.persistent ? dev.sms : 0;
     plan.sched_heads = pers.dynamic ? hopper_sched_heads(p, sw) : 0;  // dynamic implies persistent
-    if (plan.persistent > 0 && plan.sched_heads == 0 && plan.bucket <= 128 && hopper_tail_split(p, plan, sw))
+    if (plan.persistent > 0 && plan.sched_heads == 0 && plan.bucket <= 128 && hopper_tail_split(p, plan, sw) &&
+        !sw.is(Switch::kHopperStreamK, '1'))
       plan.cluster = 2;  // the last round split
+    plan.stream_k = hopper_stream_k(p, plan, sw);
   }
   // A/B switches the launch functions apply (see where each is used).
   plan.pingpong = !sw.is(Switch::kHopperPingpong, '0');
@@ -464,8 +499,32 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
 // The dynamic schedule's ticket counter (Plan::sched_heads), at the workspace's start.
 constexpr size_t kTicketBytes = 256;
 
+// Stream-K (Plan::stream_k): one arrival count per shared item, then two partial slots per block, each
+// (bucket / 8 + 1) x 256 float4 (hopper_fwd.cuh); both 256-byte aligned from a 256-byte aligned start.
+struct StreamKLayout {
+  size_t count_bytes, slot_bytes, bytes;
+};
+// Whole-item rounds before the shared items, and the shared items (Plan::stream_k).
+struct StreamKSplit {
+  int64_t rounds, items;
+};
+StreamKSplit stream_k_split(const AttentionParams& p, const Plan& plan) {
+  const int64_t items = static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q;
+  const int64_t rounds = std::max<int64_t>(0, items / plan.persistent - 1);
+  return {rounds, items - rounds * plan.persistent};
+}
+StreamKLayout stream_k_layout(const AttentionParams& p, const Plan& plan) {
+  StreamKLayout l;
+  const size_t items = static_cast<size_t>(stream_k_split(p, plan).items);
+  l.count_bytes = (items * sizeof(int) + 255) & ~size_t{255};
+  l.slot_bytes = static_cast<size_t>(plan.bucket / 8 + 1) * 256 * 16;
+  l.bytes = 256 + l.count_bytes + 2 * static_cast<size_t>(plan.persistent) * l.slot_bytes;
+  return l;
+}
+
 size_t workspace_for(const AttentionParams& p, const Plan& plan) {
   if (plan.sched_heads > 0) return kTicketBytes;
+  if (plan.stream_k) return stream_k_layout(p, plan).bytes;
   if (plan.num_splits <= 1) return 0;
   const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seq_q;
   return static_cast<size_t>(plan.num_splits) * rows * (static_cast<size_t>(p.head_dim_v) + 2) * sizeof(float) + 256;
@@ -630,7 +689,10 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   err = device_info(&dev);
   if (err != cudaSuccess) return cuda_fail(err, "reading the device's attributes");
   const Switches sw = read_switches();
-  const Plan plan = choose_plan(p, dev, sw);
+  Plan plan = choose_plan(p, dev, sw);
+  // A workspace sized for another shape (TensorRT samples its profile's range) may lack stream-K's
+  // partial slots: the static order then, which needs none.
+  if (plan.stream_k && !scratch.ensure(workspace_for(p, plan))) plan.stream_k = false;
   const size_t need = workspace_for(p, plan);
   if (!scratch.ensure(need)) {
     if (scratch.alloc != nullptr) return fail(Status::kDeviceError, "could not allocate the launch's scratch space");
@@ -695,6 +757,17 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   a.tile_counter = plan.sched_heads > 0
                        ? reinterpret_cast<int*>((reinterpret_cast<uintptr_t>(workspace) + 3) & ~uintptr_t(3))
                        : nullptr;
+  if (plan.stream_k) {
+    const StreamKLayout l = stream_k_layout(p, plan);
+    const uintptr_t base = (reinterpret_cast<uintptr_t>(workspace) + 255) & ~uintptr_t(255);
+    const StreamKSplit split = stream_k_split(p, plan);
+    const int64_t units = split.items * ceil_div(p.seq_k, plan.block_n);
+    a.sk_count = reinterpret_cast<int*>(base);
+    a.sk_part = reinterpret_cast<float*>(base + l.count_bytes);
+    a.sk_rounds = static_cast<int>(split.rounds);
+    a.sk_q = static_cast<int>(units / plan.persistent);
+    a.sk_r = static_cast<int>(units % plan.persistent);
+  }
   const RunFn run = pick_kernel(p, plan);
   if (run == nullptr) return fail(Status::kUnsupported, "no compiled kernel for this configuration");
   g_last_kind = static_cast<int>(plan.kind);

@@ -47,6 +47,18 @@ struct KernelArgs {
   // tickets walk sections of sched_heads (batch, query head) pairs, heaviest row tiles first.
   int* tile_counter;  // null: the static snake order
   int sched_heads;
+
+  // Stream-K schedule of a persistent Hopper grid (Plan::stream_k): after sk_rounds rounds of whole
+  // items, the blocks share the last items' (row tile, key tile) units in contiguous ranges, block
+  // x units [x q + min(x, r), (x + 1) q + min(x + 1, r)) (q >= key tiles: each item is split
+  // between at most two blocks); a split item's two parts meet through sk_part (one slot of float32
+  // (O, max, sum) per part, two per block) and sk_count (one arrival count per shared item, zeroed
+  // on the stream before the launch): whichever part finishes second merges and stores
+  // (hopper_fwd.cuh).
+  int* sk_count;  // null: not stream-K
+  float* sk_part;
+  int sk_rounds;
+  int sk_q, sk_r;  // units per block, and the first sk_r blocks one more (units < 2^31)
 };
 
 // The launcher's A/B switches: OPSFUSE_CUDA_* environment variables that tests and measurement
@@ -69,6 +81,7 @@ enum class Switch : int {
   kHopperTmaStore,      // OPSFUSE_CUDA_HOPPER_TMA_STORE
   kHopperDynamic,       // OPSFUSE_CUDA_HOPPER_DYNAMIC
   kHopperSchedHeads,    // OPSFUSE_CUDA_HOPPER_SCHED_HEADS
+  kHopperStreamK,       // OPSFUSE_CUDA_HOPPER_STREAM_K
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -114,6 +127,9 @@ struct Plan {
   int sched_heads = 0;  // kHopper persistent: > 0 = row tiles handed out dynamically (a ticket
                         // counter in the workspace), in sections of this many (batch, query head)
                         // pairs whose K/V fit in L2, heaviest first; 0 = the static snake
+  bool stream_k = false;  // kHopper persistent, static: units of (row tile, key tile) shared in
+                          // contiguous ranges, split items merged through the workspace
+                          // (hopper_stream_k(), KernelArgs::sk_count)
   // What the launch functions apply as the switches say (the shipped behaviour by default):
   bool pingpong = true;        // kHopper: the inter-warpgroup schedule
   bool mask_classes = true;    // kHopper: padding-mask tile classes

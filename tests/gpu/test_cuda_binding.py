@@ -284,6 +284,51 @@ def test_persistent_orders_agree(dtype, case, monkeypatch):
                            what=f"dynamic order {case} (seed {seed})")
 
 
+STREAM_K_CASES = {
+    # name: (b, hq, hkv, sq, sk, d, dv); row tiles of 128 x batch x heads >= 132 (an H100 / H200's SMs)
+    "d128_gqa4_1025x1000": (2, 8, 2, 1025, 1000, 128, 128),  # 144 items of 8 key tiles
+    "d64_short_items": (3, 5, 5, 1100, 300, 64, 64),  # 135 items of 3: nearly every item cut
+    "d80_dv96_gqa11": (1, 33, 3, 520, 2000, 80, 96),  # 165 items of 16
+    "d64_after_a_round": (4, 8, 8, 1100, 777, 64, 64),  # 288 items: a round of whole items, then 156 shared
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", sorted(STREAM_K_CASES))
+def test_stream_k_schedule(dtype, case, monkeypatch):
+    """The Hopper kernel's stream-K schedule (forced, OPSFUSE_CUDA_HOPPER_STREAM_K=1): blocks share
+    the (row tile, key tile) units, and an item cut between two blocks is merged by whichever part
+    finishes second -- so the output must not depend on which one that was: repeated launches are
+    bitwise equal. Within the 2x rule, as the static order (STREAM_K=0) is. On other GPUs every
+    variant is the portable kernel."""
+    cuda = require_cuda_module()
+    import torch
+
+    import opsfuse
+
+    b, hq, hkv, sq, sk, d, dv = STREAM_K_CASES[case]
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    archs = str(opsfuse.build_info().get("cuda_architectures", ""))
+    hopper = torch.cuda.get_device_capability() == (9, 0) and "90" in archs
+    outs = {}
+    for name, value in (("static", "0"), ("stream_k", "1")):
+        with monkeypatch.context() as m:
+            m.setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", value)
+            ws = cuda.workspace_size(to_device(q), to_device(k), to_device(v), None, None)
+            if hopper:  # stream-K's counts and partial slots are the plan's only workspace here
+                assert (ws > 0) == (name == "stream_k"), f"{name}: workspace {ws} bytes"
+            outs[name] = run_binding(q, k, v)
+            if name == "stream_k":
+                for _ in range(3):
+                    again = run_binding(q, k, v)
+                    np.testing.assert_array_equal(again.view(np.uint16), outs[name].view(np.uint16),
+                                                  err_msg=f"stream-K launches differ (seed {seed})")
+    for name, out in outs.items():
+        assert np.all(np.isfinite(out.astype(np.float64))), f"{name}: non-finite output (seed {seed})"
+        assert_within_2x_torch(out, q, k, v, what=f"{name} {case} (seed {seed})")
+
+
 def test_key_lengths_clamped():
     """Values outside [0, Sk] are clamped on the device (they cannot be checked without a sync)."""
     rng, seed = fresh_rng()

@@ -51,6 +51,11 @@
 //    last round's items go one per cluster, split by key tiles between its 2 blocks and merged
 //    through distributed shared memory as a key-split launch does (see item_of and the epilogue),
 //    so that round takes about half an item's time plus the merge instead of a whole one.
+//  - Stream-K (choose_plan's plan.stream_k: long non-causal items, a.sk_count != null): after the
+//    static order's whole-item rounds but one, the last items' (item, key tile) units are shared
+//    in equal contiguous ranges, so that no block idles through a partial last round; an item cut
+//    between two blocks is merged by whichever part finishes second, through the workspace (see
+//    item_of and the stream-K exchange after the key loop).
 //
 // Why raw PTX (inline asm) and not CUTLASS/CuTe: the kernel needs ~10 instructions (wgmma
 // fence/commit/wait/mma_async, cp.async.bulk.tensor, mbarrier init/arrive/expect_tx/try_wait,
@@ -322,6 +327,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kQBuffers = Cfg::kQBuffers;
   __shared__ __align__(8) uint64_t bars[3 * kQBuffers + 4 * kStages];
   __shared__ int item_slot[kQBuffers];  // round r's item (slot r % kQBuffers), from the scheduler thread
+  __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
+  __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
@@ -372,7 +379,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   // D = 256 never splits (launch_hopper): its round structure is fixed at compile time.
   const int tail_from = kD == 256 ? INT_MAX : tail_round;
   auto splits_in = [&](int r) { return r >= tail_from ? 2 : (kD == 256 ? 1 : splits); };  // round r's item
+  // Stream-K (a.sk_count != null; the plain kernel at D <= 128 only, so that the others carry none
+  // of it; launch_hopper: a persistent grid, unsplit, static order): the first a.sk_rounds rounds
+  // are the static order's, whole items; the n_sk = n_work - sk_rounds G items after them (G <=
+  // n_sk < 2 G) are shared as n_sk x sk_tiles() (item, key tile) units (unit u: item sk_base() + u /
+  // T, key tile u % T), block x taking units [sk_unit(x), sk_unit(x + 1)): its round sk_rounds + j
+  // is the j-th item that range touches, with the key tiles of it that fall in the range (work_of).
+  // (Units over all items instead gave each block a head of its own, whose K/V then came from DRAM
+  // instead of L2: 25-30 % slower on the H200; in the last rounds adjacent blocks share heads, as
+  // in the static order.) A range holds at least T units (n_sk >= G), so an item is cut at most
+  // once: its first part (key tiles 0 .. j - 1) is the last round of one block, its second the
+  // first stream-K round of the next. Both parts end in the consumers' stream-K exchange (after
+  // the key loop), where the second to arrive merges them and stores.
+  auto stream_k = [&]() { return kMode == kPlain && kD != 256 && a.sk_count != nullptr; };
+  auto sk_tiles = [&]() { return (a.seq_k + kBN - 1) / kBN; };
+  auto sk_base = [&]() { return a.sk_rounds * static_cast<int>(gridDim.x); };  // the first shared item
+  // (32-bit arithmetic: choose_plan keeps the units below 2^31; 64-bit divisions spilled in the
+  // producer's 24 registers.)
+  auto sk_unit = [&](int x) { return x * a.sk_q + min(x, a.sk_r); };
   auto item_of = [&](int r) {
+    if (stream_k() && r >= a.sk_rounds) {
+      const int tiles = sk_tiles(), x = blockIdx.x;
+      const int j = sk_unit(x) / tiles + r - a.sk_rounds;
+      return j * tiles < sk_unit(x + 1) ? sk_base() + j : n_work;
+    }
     if (r >= tail_from) {
       const int64_t w = static_cast<int64_t>(r) * gridDim.x + blockIdx.x / 2;
       return w < n_work ? static_cast<int>(w) : n_work;
@@ -429,6 +459,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     wk.t_end = (split + 1) * n_tiles / ns;
     return wk;
   };
+  // Stream-K: the key tiles [t_begin, t_end) of item w (T = sk_tiles() of them) in this block's
+  // range, as (t_begin, t_end); the whole item before the shared ones. The producer's scheduler
+  // thread publishes it (sk_slot) for the loading thread, where this arithmetic spilled.
+  auto sk_range = [&](int w) {
+    const int tiles = sk_tiles();
+    if (w < sk_base()) return make_int2(0, tiles);
+    const int x = blockIdx.x, first = (w - sk_base()) * tiles;
+    return make_int2(max(0, sk_unit(x) - first), min(tiles, sk_unit(x + 1) - first));
+  };
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -471,6 +510,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           w = ticket_item(round == 0 ? static_cast<int>(blockIdx.x)
                                      : static_cast<int>(gridDim.x) + atomicAdd(a.tile_counter, 1));
         item_slot[round % kQBuffers] = w;
+        if (stream_k() && w < n_work) sk_slot[round % kQBuffers] = sk_range(w);
         mbar_arrive(bar_sched(round));
         if (w >= n_work) break;
       }
@@ -479,9 +519,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       int kv = 0;  // K/V tiles loaded by this block so far (ring position)
       for (int round = 0;; ++round) {
         // (The static order's first item without the wait: on a one-round grid, e.g. the seed
-        // shapes, that wait was on the launch's critical path.)
+        // shapes, that wait was on the launch's critical path. Not with stream-K: its item
+        // arithmetic here, beside the loads' registers, spilled.)
         int w;
-        if (round == 0 && !dynamic_order()) {
+        if (round == 0 && !dynamic_order() && !stream_k()) {
           w = item_of(0);
         } else {
           mbar_wait(bar_sched(round), q_parity(round));
@@ -495,7 +536,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         // The Q buffer's previous item (round - kQBuffers) released it after its last S = Q K^T.
         if (round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
-        const Work wk = work_of(w, splits_in(round));
+        Work wk = work_of(w, splits_in(round));
+        if (stream_k()) {
+          const volatile int2& tr = sk_slot[round % kQBuffers];
+          wk.t_begin = tr.x;
+          wk.t_end = tr.y;
+        }
         const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
         mbar_expect_tx(bar_q(round), Cfg::kQBytes);
 #pragma unroll
@@ -544,7 +590,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     return *reinterpret_cast<volatile int*>(&item_slot[r % kQBuffers]);
   };
   for (int w = consumer_item(0); w < n_work; w = consumer_item(++round)) {
-    const Work wk = work_of(w, splits_in(round));
+    Work wk = work_of(w, splits_in(round));
+    if (stream_k()) {
+      const int2 tr = sk_range(w);
+      wk.t_begin = tr.x;
+      wk.t_end = tr.y;
+    }
     const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len;
     const int t_begin = wk.t_begin, t_end = wk.t_end, n_tiles = t_end - t_begin;
     const int ring0 = kv_base - t_begin;  // ring position of key tile `it` is ring0 + it
@@ -919,6 +970,70 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) mbar_arrive(bar_vempty(last));
     }
 
+    // Stream-K exchange of a cut item (see item_of): each part's consumers put (O, max, per-thread
+    // sum) in their slot of a.sk_part (block x: slot 2x for its first stream-K round, 2x + 1 for its last;
+    // the split merge's chunk layout, stored to L2) and count the part in a.sk_count[w]; the part
+    // that counts second merges the other's slot into its registers and stores the rows, the first
+    // is done with the item. No block ever waits for another (a grid that is not all resident, e.g.
+    // beside other streams' kernels, cannot hang). A part that finds the other already counted
+    // merges at once, without writing its own. Products are rounded before the one sum (no FMA):
+    // a + b = b + a, so the output bits do not depend on which part merges.
+    if (stream_k() && (t_begin > 0 || t_end < sk_tiles())) {
+      constexpr int kOChunks = kD / 8;
+      constexpr int64_t kSlot = (kOChunks + 1) * 256;  // float4s per slot
+      const bool head = t_begin == 0;                  // the item's first part: this block's last round
+      const int64_t x = blockIdx.x;
+      float4* const slots = reinterpret_cast<float4*>(a.sk_part) + cw * 128 + t;
+      float4* const mine = slots + (2 * x + (head ? 1 : 0)) * kSlot;
+      const float4* const other = slots + (head ? 2 * x + 2 : 2 * x - 1) * kSlot;
+      int* const count = a.sk_count + (w - sk_base());
+      // Thread 0 of the consumers reads the count (and later adds to it) between named barriers:
+      // the first makes sure every consumer thread has read sk_flag's previous value.
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (tid == 128) {
+        const int c = *reinterpret_cast<volatile int*>(count);
+        __threadfence();  // acquire: the other part's slot is read after this
+        sk_flag = c;
+      }
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (sk_flag == 0) {
+#pragma unroll
+        for (int c = 0; c < kOChunks; ++c)
+          __stcg(mine + c * 256, make_float4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]));
+        __stcg(mine + kOChunks * 256, make_float4(m_run[0], m_run[1], l_run[0], l_run[1]));
+        __threadfence();  // release: the slot before the count
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (tid == 128) {
+          const int c = atomicAdd(count, 1);
+          __threadfence();
+          sk_flag = c;
+        }
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (sk_flag == 0) {  // the other part merges
+          kv_base = ring0 + t_end;
+          continue;
+        }
+      }
+      const float4 ml = __ldcg(other + kOChunks * 256);
+      float wo[2], wx[2];
+      const float mx[2] = {fmaxf(m_run[0], ml.x), fmaxf(m_run[1], ml.y)};
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float mb = mx[hh] == -INFINITY ? 0.0f : mx[hh];
+        wo[hh] = ex2(m_run[hh] - mb);
+        wx[hh] = ex2((hh == 0 ? ml.x : ml.y) - mb);
+        l_run[hh] = __fadd_rn(__fmul_rn(wo[hh], l_run[hh]), __fmul_rn(wx[hh], hh == 0 ? ml.z : ml.w));
+      }
+#pragma unroll
+      for (int c = 0; c < kOChunks; ++c) {
+        const float4 v = __ldcg(other + c * 256);
+        o[4 * c] = __fadd_rn(__fmul_rn(wo[0], o[4 * c]), __fmul_rn(wx[0], v.x));
+        o[4 * c + 1] = __fadd_rn(__fmul_rn(wo[0], o[4 * c + 1]), __fmul_rn(wx[0], v.y));
+        o[4 * c + 2] = __fadd_rn(__fmul_rn(wo[1], o[4 * c + 2]), __fmul_rn(wx[1], v.z));
+        o[4 * c + 3] = __fadd_rn(__fmul_rn(wo[1], o[4 * c + 3]), __fmul_rn(wx[1], v.w));
+      }
+    }
+
     const int ns = splits_in(round);  // recomputed here: not a register through the key loop
     // (D = 256 is never split: its merge would not fit the ring, launch_hopper refuses it.)
     if (kD != 256 && ns > 1) {
@@ -1118,6 +1233,17 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
   // Persistent (plan.persistent > 0, choose_plan): that many blocks loop over the row tiles.
   const int64_t grid = plan.persistent > 0 ? std::min<int64_t>(blocks, plan.persistent) : blocks;
+  if (a.sk_count != nullptr) {
+    // Stream-K (choose_plan, hopper_stream_k()): the plain kernel on a persistent grid of
+    // plan.persistent blocks (the units were divided among that many), unsplit; the arrival counts
+    // of its shared items start at 0.
+    const int64_t shared = blocks - static_cast<int64_t>(a.sk_rounds) * grid;
+    if (kD == 256 || mode != hopper::kPlain || plan.persistent <= 0 || grid != plan.persistent || plan.cluster != 1 ||
+        shared < grid || shared >= 2 * grid)
+      return cudaErrorInvalidValue;
+    err = cudaMemsetAsync(a.sk_count, 0, static_cast<size_t>(shared) * sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
   // OPSFUSE_CUDA_HOPPER_PINGPONG=0 turns the inter-warpgroup schedule off (to measure it);
   // OPSFUSE_CUDA_HOPPER_MASK_CLASSES=0 the padding-mask tile classes (every tile of a pair mask
   // through the pair loads, as before them: to measure them). Both arrive in the plan.

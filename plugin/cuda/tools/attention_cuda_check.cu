@@ -57,6 +57,8 @@ struct Case {
   int splits = 0;   // Hopper cases: > 0 = OPSFUSE_CUDA_HOPPER_SPLITS (key splits merged in a cluster)
   int tail = 0;     // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=1 (a persistent grid's partial
                     // last round split by keys in clusters of 2, wherever it fits)
+  int stream_k = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_STREAM_K=1 (a persistent grid sharing
+                     // (row tile, key tile) units, cut items merged through the workspace)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -291,6 +293,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   int kinds[2] = {-1, -1};
   const std::string persist_env = env_value("OPSFUSE_CUDA_HOPPER_PERSISTENT");
   const std::string tail_env = env_value("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
+  const std::string sk_env = env_value("OPSFUSE_CUDA_HOPPER_STREAM_K");
   const std::string dyn_env = env_value("OPSFUSE_CUDA_HOPPER_DYNAMIC");
   const std::string sched_env = env_value("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
   for (int pass = 0; pass < 2; ++pass) {
@@ -301,6 +304,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       set_persistence(c);
       if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
       if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
+      if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
     } else {
       if (c.splits > 0) unsetenv("OPSFUSE_CUDA_HOPPER_SPLITS");
       // Back to the environment's own value: an OPSFUSE_CUDA_HOPPER_PERSISTENT given by the caller
@@ -311,6 +315,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
         restore_env("OPSFUSE_CUDA_HOPPER_SCHED_HEADS", sched_env);
       }
       if (c.tail) restore_env("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", tail_env);
+      if (c.stream_k) restore_env("OPSFUSE_CUDA_HOPPER_STREAM_K", sk_env);
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
     }
@@ -538,6 +543,18 @@ int main(int argc, char** argv) {
       {"hop bf16 d64 tail Sk100 addmask gqa3", BF, 2, 9, 3, 1200, 100, 64, 64, 0, 0.f, MA, 2, 0, 0, 0, 1},
       {"hop f16 d64 tail causal1 gqa3", H, 1, 12, 4, 1500, 1500, 64, 64, 1, 0.f, N, 0, 0, 1, 0, 1},
       {"hop f16 d64 tail quick 140x64", H, 2, 70, 14, 64, 130, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 1},
+      // Stream-K (OPSFUSE_CUDA_HOPPER_STREAM_K=1; 132 SMs): persistent grids whose blocks share the
+      // (row tile, key tile) units, items cut between two blocks merged through the workspace by
+      // whichever part finishes second. 144 items of 8 key tiles (Sk = 1000: the last tile partial),
+      // GQA 4, Sq = 1025 (a one-row tile); 135 items of 3 key tiles (8 or 9 units per block
+      // against 3: nearly every item cut); D = 80 / Dv = 96 with MQA-like GQA 11, 165 items of 16
+      // key tiles; 288 items of 7 (one round of whole items, then 156 shared); a small one for
+      // --quick (140 items of 3 key tiles). (Below 2 x 132 items all are shared.)
+      {"hop bf16 d128 streamk gqa4 1025x1000", BF, 2, 8, 2, 1025, 1000, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d64 streamk after a round 288", H, 4, 8, 8, 1100, 777, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d64 streamk short items", H, 3, 5, 5, 1100, 300, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d80/96 streamk gqa11", BF, 1, 33, 3, 520, 2000, 80, 96, 0, 0.f, N, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d64 streamk quick 140x64", H, 2, 70, 14, 64, 300, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 1},
       // D = 256 (64-key tiles; masks and softcap through the general scoring; never split, so the
       // requested key splits and tail split are ignored): odd Sk, GQA, both causal alignments,
       // key_lengths (a V tile's tail zeroed), Dv != D both ways, bool / additive / padding masks,
@@ -582,7 +599,7 @@ int main(int argc, char** argv) {
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
-                                "hop f16 d64 tail quick 140x64"};
+                                "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
@@ -596,6 +613,7 @@ int main(int argc, char** argv) {
       set_persistence(c);
       if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
       if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
+      if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
       // Runs that fail print their own line; the count of them comes from those lines.
       std::mt19937 srng(hseed);
       const int bad = run_case(c, srng, stream, runs) ? 0 : 1;
