@@ -9,7 +9,9 @@ notes in docs/notes/cuda_kernel.md quote its output).
     python scripts/ab_sweep.py causal D=1 OPSFUSE_CUDA_HOPPER_DYNAMIC=0 OPSFUSE_CUDA_HOPPER_SCHED_HEADS=4
 
 Each argument after the grid is one variant: comma-separated NAME=VALUE pairs set while that
-variant is captured (D=1 is a no-op: the defaults). Issue 5's decode shapes (B=8, Hq=32, Hkv 8 / 32,
+variant is captured (D=1 is a no-op: the defaults). AB_INTERLEAVED=1: the variants and cuDNN are
+timed side by side, every round replaying each one's graph in rotating order (the benchmark's
+time_kernels_interleaved, 15 rounds), so that clock and temperature drifts fall on all alike. Issue 5's decode shapes (B=8, Hq=32, Hkv 8 / 32,
 Sk 1024 / 8192 / 32768, D=128, bf16) or its prefill and seed shapes, each timed by the benchmark's
 graph timer (opsfuse.bench.cuda.time_graph: the median of 7 CUDA-graph replays of >= 10 calls) over
 rotated input sets (>= 256 MB, so that L2 does not flatter anyone), with PyTorch's cuDNN SDPA
@@ -18,7 +20,8 @@ import sys
 import torch
 import torch.nn.functional as F
 import opsfuse.cuda as oc
-from opsfuse.bench.cuda import env_variant, time_graph as bench_time_graph
+from opsfuse.bench.cuda import env_variant, time_graph as bench_time_graph, time_kernels_interleaved
+import os
 
 SHAPES = [(8, 32, 8, 1024), (8, 32, 8, 8192), (8, 32, 8, 32768), (8, 32, 32, 1024), (8, 32, 32, 8192), (8, 32, 32, 32768)]
 # prefill: (B, H, S, D, dtype, causal)
@@ -89,6 +92,20 @@ for name, make, causal in cases:
     ops = (lambda q, k, v: oc.fused_attention(q, k, v, is_causal=1)) if causal else (lambda q, k, v: oc.fused_attention(q, k, v))
     cudnn_fn = (lambda q, k, v: cudnn(q, k, v, True)) if causal else cudnn
     line = [name]
+    if os.environ.get("AB_INTERLEAVED") == "1":
+        def under(spec, fn, s):
+            def call():
+                with env_variant(spec):  # the plan is taken at capture: the graph keeps it
+                    fn(*s)
+            return call
+        named = {"cudnn": [lambda s=s: cudnn_fn(*s) for s in sets]}
+        for i, spec in enumerate(sys.argv[1:]):
+            named[f"{i}:{spec or 'default'}"] = [under(spec, ops, s) for s in sets]
+        times = time_kernels_interleaved(torch, named, repeat=15)
+        print("  ".join([name] + [f"{n} {t:.1f}" for n, t in times.items()]), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+        continue
     try:
         line.append(f"cudnn {time_graph(cudnn_fn, sets):.1f}")
     except Exception as e:  # noqa: BLE001
