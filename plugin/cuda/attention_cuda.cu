@@ -303,15 +303,15 @@ struct Persistence {
 // tile) units in contiguous ranges of ~n_sk T / G, so every block finishes at about the same time;
 // an item cut between two blocks costs one float32 partial (O, max, sum) written and read back
 // through L2 (~70 KB at D = 128) and one arrival count, and the counts a memset: ~10 us of fixed
-// cost in all, measured on the H200 (2026-12-02, interleaved A/B against the static order, B=8
-// H=16 D=128 bf16): S=1024 (T = 8, item ~15 us) 131.6-134.4 us against 122.9-125.7, slower;
-// S=4096 (T = 32) 1881-1889 against 1908-1913, S=16384 (T = 128) 7393-7401 against 7427-7462
-// -- 0.5-1.5 %, not the 3 % of idle SM time the round count suggests (the blocks' speeds differ
-// by as much). Taken for items of >= 32 key tiles where the static grid loses >= 2 % to the
-// partial round: uniform items (non-causal, no key_lengths), no mask or softcap (the plain
-// kernel), D <= 128, items >= G, and not where the tail split is taken (G < n <= 1.5 G).
-// OPSFUSE_CUDA_HOPPER_STREAM_K=0: never; =1: wherever those conditions hold but the 2 %, the
-// 32 key tiles (>= 2 suffice) and the tail split's.
+// cost in all. Measured on the H200 (2026-12-02, B=8 H=16 D=128 bf16, against the static order;
+// docs/notes/cuda_kernel.md, session 11): S=1024 (T = 8, items of ~15 us) 7 % slower; S=4096
+// (T = 32) 1.3 % faster in an interleaved A/B, 0.6 % slower in two benchmark runs each; S=16384
+// (T = 128) 0.6 % and 1.5 % faster -- not the 3 % of idle SM time the round count suggests.
+// Taken for items of >= 128 key tiles (16384 keys at D <= 128, where it measured faster) when the
+// static grid loses >= 2 % to the partial round: uniform items (non-causal, no key_lengths), no
+// mask or softcap (the plain kernel), D <= 128, items >= G, and not where the tail split is taken
+// (G < n <= 1.5 G). OPSFUSE_CUDA_HOPPER_STREAM_K=0: never; =1: wherever those conditions hold but
+// the 2 %, the 128 key tiles (>= 2 suffice) and the tail split's.
 [[maybe_unused]] bool hopper_stream_k(const AttentionParams& p, const Plan& plan, const Switches& sw) {
   if (sw.is(Switch::kHopperStreamK, '0')) return false;
   if (plan.persistent <= 0 || plan.sched_heads != 0 || plan.cluster != 1 || plan.bucket > 128) return false;
@@ -323,7 +323,7 @@ struct Persistence {
   if (items < g || tiles < 2 || items * tiles >= INT_MAX) return false;
   if (sw.is(Switch::kHopperStreamK, '1')) return true;
   const int64_t rounds = (items + g - 1) / g;
-  return tiles >= 32 && static_cast<double>(rounds * g) >= 1.02 * static_cast<double>(items);
+  return tiles >= 128 && static_cast<double>(rounds * g) >= 1.02 * static_cast<double>(items);
 }
 
 // Decode cluster merge: how many clusters of `cluster` blocks of the plan's decode kernel
