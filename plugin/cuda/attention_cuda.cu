@@ -133,10 +133,10 @@ int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 // common prefix are compared with the names.
 Switches read_switches() {
   static constexpr const char* kNames[] = {
-      "DISABLE_HOPPER",    "FORCE_HOPPER",      "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
-      "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS", "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
-      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "DECODE_SPLITS",  "DECODE_NO_CLUSTER",   "DECODE_L2_PROMOTION",
-      "DECODE_EVICT_FIRST"};
+      "DISABLE_HOPPER",    "FORCE_HOPPER",       "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
+      "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
+      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "DECODE_SPLITS",       "DECODE_NO_CLUSTER",
+      "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
                 "one name per Switch, in its order");
   static constexpr char kPrefix[] = "OPSFUSE_CUDA_";
@@ -499,8 +499,9 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
 // The dynamic schedule's ticket counter (Plan::sched_heads), at the workspace's start.
 constexpr size_t kTicketBytes = 256;
 
-// Stream-K (Plan::stream_k): one arrival count per shared item, then two partial slots per block, each
-// (bucket / 8 + 1) x 256 float4 (hopper_fwd.cuh); both 256-byte aligned from a 256-byte aligned start.
+// Stream-K (Plan::stream_k): one arrival count per shared item, then two partial slots per block,
+// each (bucket / 8 + 1) x 256 float4 (hopper_fwd.cuh); both 256-byte aligned from a 256-byte
+// aligned start.
 struct StreamKLayout {
   size_t count_bytes, slot_bytes, bytes;
 };

@@ -971,10 +971,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // Stream-K exchange of a cut item (see item_of): each part's consumers put (O, max, per-thread
-    // sum) in their slot of a.sk_part (block x: slot 2x for its first stream-K round, 2x + 1 for its last;
-    // the split merge's chunk layout, stored to L2) and count the part in a.sk_count[w]; the part
-    // that counts second merges the other's slot into its registers and stores the rows, the first
-    // is done with the item. No block ever waits for another (a grid that is not all resident, e.g.
+    // sum) in their slot of a.sk_part (block x: slot 2x for its first stream-K round, 2x + 1 for
+    // its last; the split merge's chunk layout, stored to L2) and count the part in the item's
+    // a.sk_count; the part that counts second merges the other's slot into its registers and
+    // stores the rows, the first is done with the item. No block ever waits for another (a grid that is not all resident, e.g.
     // beside other streams' kernels, cannot hang). A part that finds the other already counted
     // merges at once, without writing its own. Products are rounded before the one sum (no FMA):
     // a + b = b + a, so the output bits do not depend on which part merges.
