@@ -15,7 +15,9 @@
 # usage: scripts/gpu_run.sh OUTDIR [--stages env,ort,build,test,bench,bert] [--quick]
 #   CUDA_ARCHS  CMAKE_CUDA_ARCHITECTURES for this build (default: the GPU's own, e.g. 90-real)
 #   BUILD_DIR   build folder (default /tmp/opsfuse-gpu-build; reused when it exists)
-#   PYTEST_ARGS extra pytest arguments (e.g. "-k binding"); PYTEST_WORKERS xdist workers (8)
+#   PYTEST_ARGS extra pytest arguments, split at spaces (e.g. "-x --maxfail=3"); PYTEST_K a -k
+#               expression, passed whole (e.g. "stream_k or persistent_orders"); PYTEST_WORKERS
+#               xdist workers (8)
 #   PYTEST_PATHS what pytest collects (default tests/)
 #   BENCH_GRIDS a subset of seed,prefill,decode
 #   CHECK_TIMEOUT seconds the check driver may run before it counts as hung (300)
@@ -140,7 +142,7 @@ if want test; then
   $PY -c 'import xdist' 2>/dev/null && local_workers="-n ${PYTEST_WORKERS:-8}"
   export OPSFUSE_GPU_LOGS="$LOGS"
   stage pytest $PY -m pytest -m gpu ${PYTEST_PATHS:-tests/} -p no:cacheprovider -rfEs --durations=15 $local_workers \
-    --junitxml="$LOGS/pytest.xml" ${PYTEST_ARGS:-}
+    --junitxml="$LOGS/pytest.xml" ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-}
   grep -E "passed|failed|error" "$LOGS/pytest.log" | tail -3 | tee -a "$SUMMARY"
 fi
 if want bench; then
