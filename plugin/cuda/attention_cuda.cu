@@ -704,6 +704,10 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   void* workspace = scratch.ptr;
 
   KernelArgs a{};
+#ifdef OPSFUSE_HOPPER_TRACE
+  if (const char* e = std::getenv("OPSFUSE_HOPPER_TRACE_PTR"); e != nullptr)
+    a.trace = reinterpret_cast<unsigned long long*>(std::strtoull(e, nullptr, 0));
+#endif
   a.q = p.q;
   a.k = p.k;
   a.v = p.v;

@@ -59,6 +59,11 @@ struct KernelArgs {
   float* sk_part;
   int sk_rounds;
   int sk_q, sk_r;  // units per block, and the first sk_r blocks one more (units < 2^31)
+#ifdef OPSFUSE_HOPPER_TRACE
+  // Diagnostic builds only (scripts/hopper_trace.py): globaltimer stamps of the Hopper kernel's
+  // consumer warpgroups, at the address in OPSFUSE_HOPPER_TRACE_PTR (null: none).
+  unsigned long long* trace;
+#endif
 };
 
 // The launcher's A/B switches: OPSFUSE_CUDA_* environment variables that tests and measurement

@@ -582,6 +582,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
+#ifdef OPSFUSE_HOPPER_TRACE
+  // Diagnostic builds only: event e of round r of this block's warpgroup cw, as globaltimer ns at
+  // a.trace[((block * 2 + cw) * 64 + r) * 32 + e] and as the SM's clock at e + 8 of that row
+  // (scripts/hopper_trace.py reads them). Slots 16 + k: the clocks the item's key loop (tiles after the first) spent in wait k: 0 K tile,
+  // 1 V tile, 2 the turn, 3 the S product, 4 the P V product (OPSFUSE_HOPPER_TIMED).
+  unsigned int waited[5] = {0, 0, 0, 0, 0};
+  auto trace = [&](int e) {
+    if (a.trace != nullptr && t == 0 && round < 64) {
+      unsigned long long ns;
+      asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns)::"memory");
+      unsigned long long* row = a.trace + ((static_cast<int>(blockIdx.x) * 2 + cw) * 64 + round) * 32;
+      row[e] = ns;
+      row[e + 8] = clock64();
+      if (e == 5)
+        for (int k = 0; k < 5; ++k) row[16 + k] = waited[k];
+    }
+    if (e == 0)
+      for (int k = 0; k < 5; ++k) waited[k] = 0;
+  };
+#define OPSFUSE_HOPPER_STAMP(e) trace(e)
+#define OPSFUSE_HOPPER_TIMED(k, ...)                     \
+  do {                                                   \
+    const long long c0_ = clock64();                     \
+    __VA_ARGS__;                                         \
+    waited[k] += static_cast<unsigned>(clock64() - c0_); \
+  } while (0)
+#else
+#define OPSFUSE_HOPPER_STAMP(e) ((void)0)  // nothing in a shipped build
+#define OPSFUSE_HOPPER_TIMED(k, ...) __VA_ARGS__
+#endif
   // Round r's item: computed (static order), or as the producer published it (dynamic order; the
   // wait on round r's Q barrier here is repeated below, where it returns at once).
   auto consumer_item = [&](int r) {
@@ -590,6 +620,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return *reinterpret_cast<volatile int*>(&item_slot[r % kQBuffers]);
   };
   for (int w = consumer_item(0); w < n_work; w = consumer_item(++round)) {
+    OPSFUSE_HOPPER_STAMP(0);  // the item's start
     Work wk = work_of(w, splits_in(round));
     if (stream_k()) {
       const int2 tr = sk_range(w);
@@ -887,6 +918,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (n_tiles > 1) class_load(t_begin + 1, 1);
     }
     mbar_wait(bar_q(round), q_parity(round));
+    OPSFUSE_HOPPER_STAMP(1);  // Q is in
     __syncwarp();
     // Q is released (for the item kQBuffers rounds later) after the item's last S = Q K^T.
     if (n_tiles == 0 && lane == 0) mbar_arrive(bar_qempty(round));
@@ -894,8 +926,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // First tile: S, softmax, P.
       const int st0 = stage_of(t_begin);
       mbar_wait(bar_kfull(st0), parity_of(t_begin));
+      OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
       __syncwarp();
       turn_wait();
+      OPSFUSE_HOPPER_STAMP(3);  // this warpgroup's turn: the first S product issues
       wgmma_fence();
       issue_qk(st0);
       wgmma_commit();
@@ -908,6 +942,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int cls_next = n_tiles > 1 ? class_vote(t_begin + 1, 1) : kTileMixed;  // tile it + 1's class
       with_scoring(t_begin, cls0, [&](auto variant) { softmax(t_begin, variant, t_begin * kBN + cls0); });
       pack_into(p);
+      OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
       // Tiles t_begin + 1 .. t_end - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
       // S(it) only, then scores it while P(it-1) V(it-1) runs (ptxas places the wait for that
       // product part-way through the exponentials), and the other warpgroup's batch (pingpong)
@@ -920,18 +955,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kV == kScoreMask) load_mask(it);  // independent of S(it): in flight while the wgmmas run
         if (it + 1 < t_end) class_load(it + 1, 0);
         rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added
-        mbar_wait(bar_kfull(st), parity_of(it));
-        mbar_wait(bar_vfull(prev), parity_of(it - 1));
+        OPSFUSE_HOPPER_TIMED(0, mbar_wait(bar_kfull(st), parity_of(it)));
+        OPSFUSE_HOPPER_TIMED(1, mbar_wait(bar_vfull(prev), parity_of(it - 1)));
         __syncwarp();
         zero_v_tail(prev, it - 1);
-        turn_wait();
+        OPSFUSE_HOPPER_TIMED(2, turn_wait());
         wgmma_fence();
         if constexpr (kV != kScoreNone) issue_qk(st);
         wgmma_commit();
         issue_pv(prev, p);
         wgmma_commit();
         turn_pass(false);
-        wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
+        OPSFUSE_HOPPER_TIMED(3, wgmma_wait<1>());  // S(it) done; P(it-1) V(it-1) may still run
         reg_fence(s);
         if (lane == 0) mbar_arrive(bar_kempty(st));
         if (it == t_end - 1 && lane == 0) mbar_arrive(bar_qempty(round));
@@ -941,7 +976,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
         // leaves (P(it-1) live), so that variant waits for the product first.
         if constexpr (!kElementwise) softmax(it, variant, it * kBN + cls);
-        wgmma_wait<0>();  // P(it-1) V(it-1) done: O and the P registers are free again
+        OPSFUSE_HOPPER_TIMED(4, wgmma_wait<0>());  // P(it-1) V(it-1) done: O and the P registers are free again
         reg_fence(o);
         reg_fence(p);
         if (lane == 0) mbar_arrive(bar_vempty(prev));
@@ -964,6 +999,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       turn_pass(true);
       wgmma_wait<0>();
       reg_fence(o);
+      OPSFUSE_HOPPER_STAMP(5);  // the last P V product is done
       // The last tile's V stage goes back to the producer too: with a persistent grid the ring
       // continues into the block's next item, whose producer waits for this stage's release when
       // the ring comes round to it (kStages tiles later); without this arrive it waits forever.
@@ -1138,6 +1174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0 + cw * 64, h, b);
         bulk_commit();
       }
+      OPSFUSE_HOPPER_STAMP(6);  // the output's stores are issued
       kv_base = ring0 + t_end;
       continue;
     }
@@ -1170,6 +1207,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (Cfg::kOStage && tma_store && t == 0) bulk_wait();
 }
 
+#undef OPSFUSE_HOPPER_STAMP
+#undef OPSFUSE_HOPPER_TIMED
 }  // namespace hopper
 
 
@@ -1232,7 +1271,15 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   }
   const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
   // Persistent (plan.persistent > 0, choose_plan): that many blocks loop over the row tiles.
+#ifdef OPSFUSE_HOPPER_TRACE
+  // Diagnostic builds only: a persistent grid of fewer blocks (OPSFUSE_HOPPER_TRACE_GRID), to see
+  // how the blocks' pace depends on how many share the L2.
+  const char* cap = std::getenv("OPSFUSE_HOPPER_TRACE_GRID");
+  const int64_t grid = std::min<int64_t>(plan.persistent > 0 ? std::min<int64_t>(blocks, plan.persistent) : blocks,
+                                         cap != nullptr && plan.persistent > 0 ? std::atoll(cap) : blocks);
+#else
   const int64_t grid = plan.persistent > 0 ? std::min<int64_t>(blocks, plan.persistent) : blocks;
+#endif
   if (a.sk_count != nullptr) {
     // Stream-K (choose_plan, hopper_stream_k()): the plain kernel on a persistent grid of
     // plan.persistent blocks (the units were divided among that many), unsplit; the arrival counts
