@@ -157,6 +157,14 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
          (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
 }
 
+// The descriptor of `desc`'s matrix `offset` bytes (a multiple of 16) further on: the address
+// field is the byte address / 16 in bits 0-13, and shared memory (< 2^18 bytes) never carries out
+// of it, so one add on the low word does it, instead of smem_desc()'s and, shift and or.
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t offset) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (offset >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 template <typename T, int kN>
 __device__ __forceinline__ void mma_qk(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   if constexpr (kN == 128) {
@@ -665,20 +673,36 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // This warpgroup's 64 rows in each region of the round's Q buffer.
     const uint32_t q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + cw * 64 * 128;
+    // Operand descriptors. D >= 128: one smem_desc() per item (Q) or tile (K, V), desc_plus() per
+    // k-step (ptxas recomputed smem_desc()'s and / shift / or chain per k-step, between the turn
+    // barrier and the HGMMAs; session 12's same-call A/B: prefill D = 128 S=1024 1.5 % and causal
+    // 1 % faster, S=4096 level). D = 64 keeps smem_desc() per k-step (the A/B: level, the seed
+    // shapes 0-3 % slower with desc_plus()).
+    const uint64_t q_desc = smem_desc(q_off, 16, 1024);  // (unused at D = 64)
     auto issue_qk = [&](int stage) {
       const uint32_t kb = sK + stage * Cfg::kKVBytes;
+      const uint64_t k_desc = smem_desc(kb, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const uint32_t col = (kk % 4) * 32;
-        const uint64_t da = smem_desc(q_off + (kk / 4) * (kBM * 128) + col, 16, 1024);
-        const uint64_t db = smem_desc(kb + (kk / 4) * (kBN * 128) + col, 16, 1024);
-        mma_qk<T, kBN>(s, da, db, kk == 0 ? 0u : 1u);
+        if constexpr (kD >= 128) {
+          mma_qk<T, kBN>(s, desc_plus(q_desc, (kk / 4) * (kBM * 128) + col), desc_plus(k_desc, (kk / 4) * (kBN * 128) + col),
+                         kk == 0 ? 0u : 1u);
+        } else {
+          const uint64_t da = smem_desc(q_off + (kk / 4) * (kBM * 128) + col, 16, 1024);
+          const uint64_t db = smem_desc(kb + (kk / 4) * (kBN * 128) + col, 16, 1024);
+          mma_qk<T, kBN>(s, da, db, kk == 0 ? 0u : 1u);
+        }
       }
     };
     auto issue_pv = [&](int stage, const PFrag& pf) {
       const uint32_t vb = sV + stage * Cfg::kKVBytes;
+      const uint64_t v_desc = smem_desc(vb, kBN * 128, 1024);
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        if constexpr (kD >= 128) mma_pv<T, kD>(o, pf[kk], desc_plus(v_desc, kk * 16 * 128));
+        else mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
+      }
     };
     // Scores of tile `it` in the log2 domain, online softmax; s becomes exp2(s - max).
     // Tile `it` takes the limits path (per-key limits: causal, key_lengths, Sk) when it crosses the
