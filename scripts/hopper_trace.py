@@ -1,6 +1,7 @@
 """Where a persistent Hopper launch spends its time, from the kernel's own clocks (a diagnostic;
-docs/notes/cuda_kernel.md quotes its output). Needs a build with -DOPSFUSE_HOPPER_TRACE in
-CMAKE_CUDA_FLAGS (scripts/ab_builds.sh builds one; the shipped build has no stamps), on a GPU:
+docs/notes/cuda_kernel.md quotes its output). Needs an opsfuse._cuda built with
+CMAKE_CUDA_FLAGS=-DOPSFUSE_HOPPER_TRACE in place of the installed one (as scripts/ab_builds.sh swaps
+its variants in; the shipped build has no stamps), on a GPU:
 
     python scripts/hopper_trace.py OUT.npz [NAME=VALUE,... per variant]
 

@@ -593,8 +593,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef OPSFUSE_HOPPER_TRACE
   // Diagnostic builds only: event e of round r of this block's warpgroup cw, as globaltimer ns at
   // a.trace[((block * 2 + cw) * 64 + r) * 32 + e] and as the SM's clock at e + 8 of that row
-  // (scripts/hopper_trace.py reads them). Slots 16 + k: the clocks the item's key loop (tiles after the first) spent in wait k: 0 K tile,
-  // 1 V tile, 2 the turn, 3 the S product, 4 the P V product (OPSFUSE_HOPPER_TIMED).
+  // (scripts/hopper_trace.py reads them); slots 16 + k: the clocks the item's key loop (the tiles
+  // after the first) spent in wait k, 0 K tile, 1 V tile, 2 the turn, 3 the S product, 4 the P V
+  // product (OPSFUSE_HOPPER_TIMED).
   unsigned int waited[5] = {0, 0, 0, 0, 0};
   auto trace = [&](int e) {
     if (a.trace != nullptr && t == 0 && round < 64) {
@@ -1225,6 +1226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    OPSFUSE_HOPPER_STAMP(6);  // the output's stores are done (from registers)
     kv_base = ring0 + t_end;
   }  // work items
   // The output tile's last TMA stores complete before the block (and its shared memory) is gone.
