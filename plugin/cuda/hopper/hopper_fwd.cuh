@@ -678,8 +678,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // k-step (ptxas recomputed smem_desc()'s and / shift / or chain per k-step, between the turn
     // barrier and the HGMMAs; session 12's same-call A/B: prefill D = 128 S=1024 1.5 % and causal
     // 1 % faster, S=4096 level). D = 64 keeps smem_desc() per k-step (the A/B: level, the seed
-    // shapes 0-3 % slower with desc_plus()).
-    const uint64_t q_desc = smem_desc(q_off, 16, 1024);  // (unused at D = 64)
+    // shapes 0-3 % slower with desc_plus()); q_desc, k_desc and v_desc serve D >= 128 only (at
+    // D = 64 they are unused and compiled away).
+    const uint64_t q_desc = smem_desc(q_off, 16, 1024);
     auto issue_qk = [&](int stage) {
       const uint32_t kb = sK + stage * Cfg::kKVBytes;
       const uint64_t k_desc = smem_desc(kb, 16, 1024);
