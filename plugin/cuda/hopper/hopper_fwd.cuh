@@ -337,6 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int item_slot[kQBuffers];  // round r's item (slot r % kQBuffers), from the scheduler thread
   __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
   __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
+  __shared__ int4 work_slot[kQBuffers][2];  // round r's Work for the consumers (publish_work)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
@@ -476,6 +477,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int x = blockIdx.x, first = (w - sk_base()) * tiles;
     return make_int2(max(0, sk_unit(x) - first), min(tiles, sk_unit(x + 1) - first));
   };
+  // Round r's Work through shared memory: the producer's work thread stores it before its arrive
+  // on round r's Q barrier (a release); consumers read it after their wait there (an acquire).
+  // From round 1 on the consumers take it from here instead of recomputing it: item_of's and
+  // work_of's divisions by kernel parameters (~500 instructions of SASS, long dependent chains)
+  // sat at every item boundary of both consumer warpgroups, with the tensor cores idle. Only the
+  // consumers' part of it: they use neither hk nor kr.n_end.
+  auto publish_work = [&](int r, int w) {
+    const Work wk = work_of(w, splits_in(r));
+    int2 tr = make_int2(wk.t_begin, wk.t_end);
+    if (stream_k()) {
+      const volatile int2& sk = sk_slot[r % kQBuffers];
+      tr = make_int2(sk.x, sk.y);
+    }
+    int4* const slot = work_slot[r % kQBuffers];
+    slot[0] = make_int4(wk.b, wk.h, wk.row0, wk.len);
+    slot[1] = make_int4(tr.x, tr.y, wk.kr.all_visible, 0);
+  };
+  // (Plain loads: the wait before them is an asm with a memory clobber, which they cannot cross.)
+  auto published_work = [&](int r) {
+    const int4* const slot = work_slot[r % kQBuffers];
+    const int4 x = slot[0], y = slot[1];
+    Work wk;
+    wk.b = x.x, wk.h = x.y, wk.row0 = x.z, wk.len = x.w;
+    wk.t_begin = y.x, wk.t_end = y.y, wk.kr.all_visible = y.z;
+    wk.hk = 0, wk.kr.n_end = 0;  // unused by the consumers
+    return wk;
+  };
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -486,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensormap(&tm_v);
     if (Cfg::kOStage && tma_store) prefetch_tensormap(&tm_y);
     for (int b = 0; b < kQBuffers; ++b) {
-      mbar_init(bar_q(b), 1);
+      mbar_init(bar_q(b), 2);  // the loading thread's arrive (with Q's bytes) and the work thread's
       mbar_init(bar_sched(b), 1);
       mbar_init(bar_qempty(b), kConsumerWarps);
     }
@@ -523,8 +551,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (w >= n_work) break;
       }
     }
+    // A third thread (warp 2) publishes each round's Work for the consumers (publish_work) and is
+    // the second arrival on that round's Q barrier, so that the consumers' wait there covers its
+    // stores. (In the scheduler thread's 24 registers, beside sk_range, this spilled.)
+    // (Round 0's consumers compute their Work, beside Q's load: the loading thread makes both of
+    // round 0's arrivals, so that a one-round launch waits for nothing more than it did before.)
+    if (tid == 64) {
+      for (int round = 0;; ++round) {
+        mbar_wait(bar_sched(round), q_parity(round));
+        const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
+        if (round > 0) {
+          if (w < n_work) publish_work(round, w);
+          mbar_arrive(bar_q(round));
+        }
+        if (w >= n_work) break;
+      }
+    }
     if (tid == 0) {
       int kv = 0;  // K/V tiles loaded by this block so far (ring position)
+      mbar_arrive(bar_q(0));  // round 0's arrival for the work thread (see there)
       for (int round = 0;; ++round) {
         // (The static order's first item without the wait: on a one-round grid, e.g. the seed
         // shapes, that wait was on the launch's critical path. Not with stream-K: its item
@@ -537,8 +582,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
         }
         if (w >= n_work) {
-          // No more items. The dynamic order's consumers read n_work after this round's Q barrier
-          // (the static order's compute it, and nobody waits on this phase).
+          // No more items: the consumers read n_work after this round's Q barrier (round 0 of the
+          // static order computes it, and nobody waits on that phase).
           mbar_arrive(bar_q(round));
           break;
         }
@@ -621,20 +666,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 #define OPSFUSE_HOPPER_STAMP(e) ((void)0)  // nothing in a shipped build
 #define OPSFUSE_HOPPER_TIMED(k, ...) __VA_ARGS__
 #endif
-  // Round r's item: computed (static order), or as the producer published it (dynamic order; the
-  // wait on round r's Q barrier here is repeated below, where it returns at once).
+  // Round r's item: computed for the static order's round 0, else as the producer published it
+  // (the wait on round r's Q barrier here is repeated below, where it returns at once).
   auto consumer_item = [&](int r) {
-    if (!dynamic_order()) return item_of(r);
+    if (r == 0 && !dynamic_order()) return item_of(0);
     mbar_wait(bar_q(r), q_parity(r));
     return *reinterpret_cast<volatile int*>(&item_slot[r % kQBuffers]);
   };
   for (int w = consumer_item(0); w < n_work; w = consumer_item(++round)) {
     OPSFUSE_HOPPER_STAMP(0);  // the item's start
-    Work wk = work_of(w, splits_in(round));
-    if (stream_k()) {
-      const int2 tr = sk_range(w);
-      wk.t_begin = tr.x;
-      wk.t_end = tr.y;
+    // Round 0: computed here, while Q loads; later rounds: as the loading thread published it.
+    Work wk;
+    if (round == 0) {
+      wk = work_of(w, splits_in(0));
+      if (stream_k()) {
+        const int2 tr = sk_range(w);
+        wk.t_begin = tr.x;
+        wk.t_end = tr.y;
+      }
+    } else {
+      wk = published_work(round);
     }
     const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len;
     const int t_begin = wk.t_begin, t_end = wk.t_end, n_tiles = t_end - t_begin;
