@@ -795,7 +795,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
     // `plim`: kScoreLimits of a pair-mask mode, the mask's visible prefix ends there (absolute key).
-    auto softmax = [&](int it, auto variant, int plim) {
+    // l = l * alpha + this tile's row sum (even and odd columns summed apart, then added).
+    auto row_sums = [&]() {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i) {
+          sum0 += s[i * 4 + 2 * hh];
+          sum1 += s[i * 4 + 2 * hh + 1];
+        }
+        l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
+      }
+    };
+    // `defer_sums` (std::true_type): the row sums are left to row_sums(), called after the P V wait.
+    auto softmax = [&](int it, auto variant, int plim, auto defer_sums) {
       constexpr int kV = decltype(variant)::value;
       const int n0 = it * kBN;
       const int c0 = 2 * (lane % 4);
@@ -875,16 +889,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float mbase = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
         alpha[hh] = ex2(m_run[hh] - mbase);
         m_run[hh] = mx;
-        float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
           s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
           s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
-          sum0 += s[i * 4 + 2 * hh];
-          sum1 += s[i * 4 + 2 * hh + 1];
         }
-        l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
       }
+      if constexpr (!decltype(defer_sums)::value) row_sums();
     };
     auto pack_into = [&](PFrag& dst) {
 #pragma unroll
@@ -1017,7 +1028,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (n_tiles == 1 && lane == 0) mbar_arrive(bar_qempty(round));
       const int cls0 = class_vote(t_begin, 0);
       int cls_next = n_tiles > 1 ? class_vote(t_begin + 1, 1) : kTileMixed;  // tile it + 1's class
-      with_scoring(t_begin, cls0, [&](auto variant) { softmax(t_begin, variant, t_begin * kBN + cls0); });
+      with_scoring(t_begin, cls0,
+                   [&](auto variant) { softmax(t_begin, variant, t_begin * kBN + cls0, std::false_type{}); });
       pack_into(p);
       OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
       // Tiles t_begin + 1 .. t_end - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
@@ -1052,12 +1064,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (it + 1 < t_end) cls_next = class_vote(it + 1, 0);
         // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
         // leaves (P(it-1) live), so that variant waits for the product first.
-        if constexpr (!kElementwise) softmax(it, variant, it * kBN + cls);
+        // The row sums come after the wait (the same additions, the same bits). ptxas puts the wait
+        // after ~7 of the 64 exponentials either way; with the sums ahead of it, it gave them
+        // registers of P and interleaved them with the exponentials (session 13's A/B: 1-3 %
+        // faster at D = 64 and at S=1024 D = 128 with them after the wait).
+        if constexpr (!kElementwise) softmax(it, variant, it * kBN + cls, std::true_type{});
         OPSFUSE_HOPPER_TIMED(4, wgmma_wait<0>());  // P(it-1) V(it-1) done: O and the P registers are free again
         reg_fence(o);
         reg_fence(p);
         if (lane == 0) mbar_arrive(bar_vempty(prev));
-        if constexpr (kElementwise) softmax(it, variant, it * kBN + cls);
+        if constexpr (!kElementwise && kV != kScoreNone) row_sums();
+        if constexpr (kElementwise) softmax(it, variant, it * kBN + cls, std::false_type{});
         pack_into(p);
       };
       for (int it = t_begin + 1; it < t_end; ++it) {
