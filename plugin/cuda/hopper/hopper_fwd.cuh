@@ -335,7 +335,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kQBuffers = Cfg::kQBuffers;
   __shared__ __align__(8) uint64_t bars[3 * kQBuffers + 4 * kStages];
   __shared__ int item_slot[kQBuffers];  // round r's item (slot r % kQBuffers), from the scheduler thread
-  __shared__ int item_first;            // round 0's item, from the scheduler thread (for the work thread)
   __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
   __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
   __shared__ int4 work_slot[kQBuffers][2];  // round r's Work for the consumers (publish_work)
@@ -547,7 +546,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           w = ticket_item(round == 0 ? static_cast<int>(blockIdx.x)
                                      : static_cast<int>(gridDim.x) + atomicAdd(a.tile_counter, 1));
         item_slot[round % kQBuffers] = w;
-        if (round == 0) item_first = w;
         if (stream_k() && w < n_work) sk_slot[round % kQBuffers] = sk_range(w);
         mbar_arrive(bar_sched(round));
         if (w >= n_work) break;
@@ -555,25 +553,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // A third thread (warp 2) publishes each round's Work for the consumers (publish_work) and is
     // the second arrival on that round's Q barrier, so that the consumers' wait there covers its
-    // stores. (In the scheduler thread's 24 registers, beside sk_range, this spilled.)
-    // Round 0's consumers compute their Work, beside Q's load, and the loading thread makes both
-    // of round 0's arrivals, so that a one-round launch waits for nothing more than it did before.
-    // This thread reads round 0's item from item_first, which is never rewritten: a read of its
-    // item_slot would not be ordered before the slot's reuse in round 2 (every later read is,
-    // through this thread's arrive on the round's Q barrier).
-    if (tid == 64) mbar_wait(bar_sched(0), 0);
-    if (tid == 64 && *reinterpret_cast<volatile int*>(&item_first) < n_work) {
-      for (int round = 1;; ++round) {
+    // stores. (In the scheduler thread's 24 registers, beside sk_range, this spilled.) Round 0's
+    // consumers compute their Work beside Q's load; this thread still reads round 0's item and
+    // arrives on its Q barrier like any other round's: the consumers then cannot release round 0,
+    // nor the scheduler reuse its slot or move bar_sched on, before this thread has passed it (a
+    // read without that arrive raced with the slot's reuse, and a wait one phase late would hang).
+    if (tid == 64) {
+      for (int round = 0;; ++round) {
         mbar_wait(bar_sched(round), q_parity(round));
         const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
-        if (w < n_work) publish_work(round, w);
+        if (round > 0 && w < n_work) publish_work(round, w);
         mbar_arrive(bar_q(round));
         if (w >= n_work) break;
       }
     }
     if (tid == 0) {
       int kv = 0;  // K/V tiles loaded by this block so far (ring position)
-      mbar_arrive(bar_q(0));  // round 0's arrival for the work thread (see there)
       for (int round = 0;; ++round) {
         // (The static order's first item without the wait: on a one-round grid, e.g. the seed
         // shapes, that wait was on the launch's critical path. Not with stream-K: its item
@@ -679,7 +674,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   for (int w = consumer_item(0); w < n_work; w = consumer_item(++round)) {
     OPSFUSE_HOPPER_STAMP(0);  // the item's start
-    // Round 0: computed here, while Q loads; later rounds: as the loading thread published it.
+    // Round 0: computed here, while Q loads; later rounds: as the work thread published it.
     Work wk;
     if (round == 0) {
       wk = work_of(w, splits_in(0));
