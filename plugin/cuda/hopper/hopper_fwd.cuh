@@ -11,7 +11,8 @@
 //  - warpgroup 0, the producer: gives its registers away (setmaxnreg.dec 24: the 384 threads start
 //    with 168 each, and the consumers' 240 come only from this release, 24 x 128 + 240 x 256 =
 //    168 x 384; at 32 their setmaxnreg.inc waited forever). One thread (warp 1) decides each
-//    round's item (the static snake, or a ticket of the dynamic order), another one issues
+//    round's item (the static snake, or a ticket of the dynamic order), one (warp 2) publishes
+//    its Work for the consumers from round 1 on (publish_work), another one (warp 0) issues
 //    the TMA loads (cp.async.bulk.tensor, 128-byte swizzle) of each item's Q tile (into one of
 //    Config::kQBuffers buffers, so that a persistent block's next Q is in flight during the current
 //    item) and of the K and V tiles into a kStages-deep shared-memory ring, each with a "full"
