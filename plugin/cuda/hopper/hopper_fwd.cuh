@@ -478,6 +478,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int x = blockIdx.x, first = (w - sk_base()) * tiles;
     return make_int2(max(0, sk_unit(x) - first), min(tiles, sk_unit(x + 1) - first));
   };
+  // Round r's item w as the producer threads see it, after the scheduler's bar_sched(r): with
+  // stream-K, its key tiles are the ones the scheduler published (sk_slot).
+  auto scheduled_work = [&](int r, int w) {
+    Work wk = work_of(w, splits_in(r));
+    if (stream_k()) {
+      const volatile int2& tr = sk_slot[r % kQBuffers];
+      wk.t_begin = tr.x;
+      wk.t_end = tr.y;
+    }
+    return wk;
+  };
   // Round r's Work through shared memory: the producer's work thread stores it before its arrive
   // on round r's Q barrier (a release); consumers read it after their wait there (an acquire).
   // From round 1 on the consumers take it from here instead of recomputing it: item_of's and
@@ -485,15 +496,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // sat at every item boundary of both consumer warpgroups, with the tensor cores idle. Only the
   // consumers' part of it: they use neither hk nor kr.n_end.
   auto publish_work = [&](int r, int w) {
-    const Work wk = work_of(w, splits_in(r));
-    int2 tr = make_int2(wk.t_begin, wk.t_end);
-    if (stream_k()) {
-      const volatile int2& sk = sk_slot[r % kQBuffers];
-      tr = make_int2(sk.x, sk.y);
-    }
+    const Work wk = scheduled_work(r, w);
     int4* const slot = work_slot[r % kQBuffers];
     slot[0] = make_int4(wk.b, wk.h, wk.row0, wk.len);
-    slot[1] = make_int4(tr.x, tr.y, wk.kr.all_visible, 0);
+    slot[1] = make_int4(wk.t_begin, wk.t_end, wk.kr.all_visible, 0);
   };
   // (Plain loads: the wait before them is an asm with a memory clobber, which they cannot cross.)
   auto published_work = [&](int r) {
@@ -589,12 +595,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         // The Q buffer's previous item (round - kQBuffers) released it after its last S = Q K^T.
         if (round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
-        Work wk = work_of(w, splits_in(round));
-        if (stream_k()) {
-          const volatile int2& tr = sk_slot[round % kQBuffers];
-          wk.t_begin = tr.x;
-          wk.t_end = tr.y;
-        }
+        const Work wk = scheduled_work(round, w);
         const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
         mbar_expect_tx(bar_q(round), Cfg::kQBytes);
 #pragma unroll
