@@ -740,8 +740,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kD / 16; ++kk) {
         const uint32_t col = (kk % 4) * 32;
         if constexpr (kD >= 128) {
-          mma_qk<T, kBN>(s, desc_plus(q_desc, (kk / 4) * (kBM * 128) + col), desc_plus(k_desc, (kk / 4) * (kBN * 128) + col),
-                         kk == 0 ? 0u : 1u);
+          mma_qk<T, kBN>(s, desc_plus(q_desc, (kk / 4) * (kBM * 128) + col),
+                         desc_plus(k_desc, (kk / 4) * (kBN * 128) + col), kk == 0 ? 0u : 1u);
         } else {
           const uint64_t da = smem_desc(q_off + (kk / 4) * (kBM * 128) + col, 16, 1024);
           const uint64_t db = smem_desc(kb + (kk / 4) * (kBN * 128) + col, 16, 1024);
@@ -1105,10 +1105,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // sum) in their slot of a.sk_part (block x: slot 2x for its first stream-K round, 2x + 1 for
     // its last; the split merge's chunk layout, stored to L2) and count the part in the item's
     // a.sk_count; the part that counts second merges the other's slot into its registers and
-    // stores the rows, the first is done with the item. No block ever waits for another (a grid that is not all resident, e.g.
-    // beside other streams' kernels, cannot hang). A part that finds the other already counted
-    // merges at once, without writing its own. Products are rounded before the one sum (no FMA):
-    // a + b = b + a, so the output bits do not depend on which part merges.
+    // stores the rows, the first is done with the item. No block ever waits for another (a grid
+    // that is not all resident, e.g. beside other streams' kernels, cannot hang). A part that
+    // finds the other already counted merges at once, without writing its own. Products are
+    // rounded before the one sum (no FMA): a + b = b + a, so the output bits do not depend on
+    // which part merges.
     if (stream_k() && (t_begin > 0 || t_end < sk_tiles())) {
       constexpr int kOChunks = kD / 8;
       constexpr int64_t kSlot = (kOChunks + 1) * 256;  // float4s per slot
