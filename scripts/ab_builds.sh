@@ -9,7 +9,9 @@
 #
 # usage: scripts/ab_builds.sh GRID ROUNDS TAG=-DNAME=VALUE[,-DNAME2=VALUE2] ...
 #   GRID    ab_sweep.py grids (d64, pshort, prefill, decode, ...), comma-separated; "bert" is
-#           scripts/bert_attention_sweep.py (BERT's attention layer, BERT_LAYOUTS of its layouts)
+#           scripts/bert_attention_sweep.py (BERT's attention layer, BERT_LAYOUTS of its layouts),
+#           "bertctx" scripts/bert_layer_in_context.py (that layer alone and between the model's
+#           GEMMs, BERTCTX_CONTEXTS of its contexts, default alone,layer)
 #   e.g.    scripts/ab_builds.sh d64,bert 2 four=-DOPSFUSE_MY_KNOB=4 eight=-DOPSFUSE_MY_KNOB=8
 #   AB_CHECK=1  also builds each variant's check driver (plugin/cuda/tools) and runs it before the
 #               sweeps; a variant that fails a case is reported and still swept
@@ -51,6 +53,8 @@ for round in $(seq 1 "$ROUNDS"); do
       echo "=== round $round: $tag ($grid)"
       if [ "$grid" = bert ]; then
         $PY "$REPO/scripts/bert_attention_sweep.py" D=1
+      elif [ "$grid" = bertctx ]; then
+        $PY "$REPO/scripts/bert_layer_in_context.py" 30 "${BERTCTX_CONTEXTS:-alone,layer}"
       else
         $PY "$REPO/scripts/ab_sweep.py" "$grid" D=1
       fi

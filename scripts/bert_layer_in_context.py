@@ -3,7 +3,10 @@
 opsfuse's kernel takes longer inside the ONNX Runtime model than alone (docs/notes/cuda_kernel.md,
 session 10): its inputs' L2 state, the GEMMs around it (clocks, caches), or nothing of the kind.
 
-    python scripts/bert_layer_in_context.py [ROUNDS]
+    python scripts/bert_layer_in_context.py [ROUNDS [CONTEXTS]]
+
+CONTEXTS: a comma-separated subset of the contexts below (default: all), e.g. "alone,layer" for a
+quick A/B of builds (scripts/ab_builds.sh's grid "bertctx").
 
 Contexts, each a loop of ROUNDS (default 60) after a warm-up:
   alone        the attention call on the same inputs, back to back (inputs hot in L2)
@@ -111,6 +114,8 @@ def main():
 
     print(f"B={B} H={H} S={S} D={D} fp16, packed layout; median kernel µs over {rounds} rounds", flush=True)
     contexts = ("alone", "projection", "layer", "layer+warm", "traffic", "compute")
+    if len(sys.argv) > 2:
+        contexts = tuple(c for c in contexts if c in sys.argv[2].split(","))
     print(f"{'contender':9s} {'mask':8s} " + " ".join(f"{c:>12s}" for c in contexts))
     for name, attend in contenders.items():
         for mname, m in masks.items():

@@ -1,0 +1,69 @@
+"""BERT's attention layer traced by the kernel's own clocks, alone and between the model's GEMMs (a
+diagnostic for the in-model slowdown of docs/notes/cuda_kernel.md, session 10: the kernel is 17-35 %
+slower after the layer's GEMMs than back to back, cuDNN's is not). The trace tells whether the SM
+clock drops there (clock64 against globaltimer), or which wait grows: Q, the K / V tiles, the
+warpgroups' turn, the products. Needs the trace build, as scripts/hopper_trace.py does:
+
+    python scripts/bert_layer_trace.py OUT.npz [ROUNDS]
+
+Per mask (none, additive zeros, transformers' padded) and context (alone / projection / layer, as
+scripts/bert_layer_in_context.py builds them), ROUNDS traced calls (default 3), each after 10 warm
+calls of its context, summarized by scripts/hopper_trace.py's summarize()."""
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import opsfuse.cuda as oc  # noqa: E402
+from bert_attention_sweep import B, mask_of  # noqa: E402
+from bert_layer_in_context import HID, S, views  # noqa: E402
+from hopper_trace import EVENTS, ROUNDS, summarize  # noqa: E402
+
+
+def main():
+    out = sys.argv[1]
+    calls = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    torch.manual_seed(0)
+    x = torch.randn(B * S, HID, device="cuda", dtype=torch.float16)
+    w_qkv = torch.randn(HID, 3 * HID, device="cuda", dtype=torch.float16) / HID ** 0.5
+    b_qkv = torch.randn(3 * HID, device="cuda", dtype=torch.float16) * 0.1
+    w_o = torch.randn(HID, HID, device="cuda", dtype=torch.float16) / HID ** 0.5
+    w_1 = torch.randn(HID, 4 * HID, device="cuda", dtype=torch.float16) / HID ** 0.5
+    w_2 = torch.randn(4 * HID, HID, device="cuda", dtype=torch.float16) / (4 * HID) ** 0.5
+    packed = torch.addmm(b_qkv, x, w_qkv)
+    buf = torch.zeros(sms * 2 * ROUNDS * EVENTS, dtype=torch.int64, device="cuda")
+    saved = {}
+
+    def run(ctx, m, trace):
+        p = packed if ctx == "alone" else torch.addmm(b_qkv, x, w_qkv)
+        if trace:
+            os.environ["OPSFUSE_HOPPER_TRACE_PTR"] = str(buf.data_ptr())
+        try:
+            y = oc.fused_attention(*views(p), attn_mask=m)
+        finally:
+            os.environ.pop("OPSFUSE_HOPPER_TRACE_PTR", None)
+        if ctx == "layer":
+            h = y.transpose(1, 2).reshape(B * S, HID) @ w_o
+            (torch.nn.functional.gelu(h @ w_1) @ w_2).sum()
+
+    for mname in ("none", "add0", "add_pad"):
+        m = mask_of(mname, S)
+        for ctx in ("alone", "projection", "layer"):
+            for c in range(calls):
+                for _ in range(10):
+                    run(ctx, m, False)
+                buf.zero_()
+                run(ctx, m, True)
+                torch.cuda.synchronize()
+                tr = buf.view(sms, 2, ROUNDS, EVENTS).cpu().numpy()
+                name = f"{mname} {ctx} #{c}"
+                summarize(name, tr, (S + 127) // 128)
+                saved[name] = tr
+    np.savez_compressed(out, **saved)
+
+
+if __name__ == "__main__":
+    main()
