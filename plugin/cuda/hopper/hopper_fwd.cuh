@@ -1219,7 +1219,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       cluster_sync();  // no block leaves (freeing its shared memory) while rank 0 still reads it
       if (split > 0) {
-        if (Cfg::kOStage && tma_store && t == 0) bulk_wait();  // earlier rounds' output stores
+        if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();  // earlier rounds' output stores
         return;
       }
     }
@@ -1300,8 +1300,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     OPSFUSE_HOPPER_STAMP(6);  // the output's stores are done (from registers)
     kv_base = ring0 + t_end;
   }  // work items
-  // The output tile's last TMA stores complete before the block (and its shared memory) is gone.
-  if (Cfg::kOStage && tma_store && t == 0) bulk_wait();
+  // The output tile's last TMA stores must have read it before the block (and its shared memory)
+  // is gone; their global writes need no wait here: they complete before the grid does.
+  if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();
 }
 
 #undef OPSFUSE_HOPPER_STAMP

@@ -67,7 +67,8 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 // TMA store: shared memory (laid out as the map's box, 128-byte swizzle) to the box of the 4-D tensor
 // map at (c0, c1, c2, c3); elements outside the tensor (rows >= Sq, columns >= Dv) are not written.
 // Tracked per issuing thread in bulk groups: commit, then wait until the group has read its shared
-// memory (before the buffer is rewritten) or has completed (before the thread exits).
+// memory, before the buffer is rewritten or the block exits (the global writes complete before
+// the grid does, as the CUDA programming guide's TMA store example relies on).
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
@@ -76,7 +77,6 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t sr
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Makes this thread's generic-proxy shared-memory writes visible to the async proxy (a TMA store,
 // or wgmma reading operands that threads wrote).
 __device__ __forceinline__ void fence_proxy_async_smem() {
