@@ -4,10 +4,10 @@ slower after the layer's GEMMs than back to back, cuDNN's is not). The trace tel
 clock drops there (clock64 against globaltimer), or which wait grows: Q, the K / V tiles, the
 warpgroups' turn, the products. Needs the trace build, as scripts/hopper_trace.py does:
 
-    python scripts/bert_layer_trace.py OUT.npz [ROUNDS [CONTEXTS [MASKS]]]
+    python scripts/bert_layer_trace.py OUT.npz [CALLS [CONTEXTS [MASKS]]]
 
 Per mask (none, add0: additive zeros, add_pad: transformers' padded) and context (alone /
-projection / layer, as scripts/bert_layer_in_context.py builds them), ROUNDS traced calls (default
+projection / layer, as scripts/bert_layer_in_context.py builds them), CALLS traced calls (default
 3), each after 10 warm calls of its context, summarized by scripts/hopper_trace.py's summarize(),
 then the first round's phases alone (where the layer context's time goes). Two more contexts
 probe the first round's waits: layer+touch (the layer, then one element per 64 KB of the packed
