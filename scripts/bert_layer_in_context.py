@@ -73,8 +73,9 @@ def attention_kernel(times):
     return max(keys, key=lambda k: times[k]) if keys else None
 
 
-def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+def layer_tensors():
+    """The layer's input x and random weights (seed 0): packed projection, output projection,
+    feed-forward."""
     torch.manual_seed(0)
     x = torch.randn(B * S, HID, device="cuda", dtype=torch.float16)
     w_qkv = torch.randn(HID, 3 * HID, device="cuda", dtype=torch.float16) / HID ** 0.5
@@ -82,6 +83,12 @@ def main():
     w_o = torch.randn(HID, HID, device="cuda", dtype=torch.float16) / HID ** 0.5
     w_1 = torch.randn(HID, 4 * HID, device="cuda", dtype=torch.float16) / HID ** 0.5
     w_2 = torch.randn(4 * HID, HID, device="cuda", dtype=torch.float16) / (4 * HID) ** 0.5
+    return x, w_qkv, b_qkv, w_o, w_1, w_2
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+    x, w_qkv, b_qkv, w_o, w_1, w_2 = layer_tensors()
     packed = torch.addmm(b_qkv, x, w_qkv)  # (B*S, 3*H*D)
     big_src = torch.empty(100 * 2**20, dtype=torch.uint8, device="cuda")
     big_dst = torch.empty_like(big_src)

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import opsfuse.cuda as oc  # noqa: E402
 from bert_attention_sweep import B, mask_of  # noqa: E402
-from bert_layer_in_context import HID, S, views  # noqa: E402
+from bert_layer_in_context import HID, S, layer_tensors, views  # noqa: E402
 from hopper_trace import EVENTS, ROUNDS, summarize  # noqa: E402
 
 
@@ -43,13 +43,7 @@ def main():
     out = sys.argv[1]
     calls = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    torch.manual_seed(0)
-    x = torch.randn(B * S, HID, device="cuda", dtype=torch.float16)
-    w_qkv = torch.randn(HID, 3 * HID, device="cuda", dtype=torch.float16) / HID ** 0.5
-    b_qkv = torch.randn(3 * HID, device="cuda", dtype=torch.float16) * 0.1
-    w_o = torch.randn(HID, HID, device="cuda", dtype=torch.float16) / HID ** 0.5
-    w_1 = torch.randn(HID, 4 * HID, device="cuda", dtype=torch.float16) / HID ** 0.5
-    w_2 = torch.randn(4 * HID, HID, device="cuda", dtype=torch.float16) / (4 * HID) ** 0.5
+    x, w_qkv, b_qkv, w_o, w_1, w_2 = layer_tensors()
     packed = torch.addmm(b_qkv, x, w_qkv)
     other = torch.randn_like(packed)  # layer+warmall's inputs
     buf = torch.zeros(sms * 2 * ROUNDS * EVENTS, dtype=torch.int64, device="cuda")
