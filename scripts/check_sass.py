@@ -4,8 +4,9 @@ local-memory traffic (LDL / STL: spills or a stack array), and no kernel's wgmma
     python scripts/check_sass.py BINARY [BINARY ...]      # an object file, .so or executable
 
 BINARY is disassembled with cuobjdump (CUOBJDUMP, else the one on PATH, else Triton's copy). Prints
-one line per Hopper kernel (HGMMA count, local loads / stores, the count of wgmma waits) and exits 1
-when a check fails. ptxas reports a serialization (C7515) only while compiling; its trace in the
+one line per Hopper kernel (HGMMA count, local loads / stores, the count of wgmma waits, and its
+size: instructions and KB of code, what every SM fetches anew after other kernels have replaced it
+in its instruction caches, docs/notes/cuda_kernel.md session 14) and exits 1 when a check fails. ptxas reports a serialization (C7515) only while compiling; its trace in the
 SASS is a wait after every HGMMA, which this flags as "serialized" (HGMMA count == wait count)."""
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def main(paths: list[str]) -> int:
             hgmma = len(re.findall(r"\bHGMMA\b", body))
             local = len(re.findall(r"\b(?:LDL|STL)\b", body))
             waits = len(re.findall(r"WARPGROUP\.DEPBAR", body))
+            size = len(re.findall(r"/\*[0-9a-f]{4,}\*/", body))  # one address comment per instruction
             problems = []
             if hgmma == 0:
                 problems.append("no HGMMA")
@@ -66,7 +68,8 @@ def main(paths: list[str]) -> int:
             failed = failed or bool(problems)
             short = re.sub(r"^_ZN7opsfuse4cuda6detail6hopper17hopper_fwd_kernelI", "", name)[:48]
             verdict = "FAIL " + ", ".join(problems) if problems else "ok"
-            print(f"{short:50s} HGMMA {hgmma:4d}  LDL/STL {local:3d}  waits {waits:4d}  {verdict}")
+            print(f"{short:50s} HGMMA {hgmma:4d}  LDL/STL {local:3d}  waits {waits:4d}  "
+                  f"code {size:6d} instr ({size * 16 / 1024:5.1f} KB)  {verdict}")
     if seen == 0:
         print("no Hopper prefill kernel found")
         return 1
