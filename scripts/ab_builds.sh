@@ -24,7 +24,6 @@ GRID=$1 ROUNDS=$2
 shift 2
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
-ARCH=$($PY -c 'import torch; m, n = torch.cuda.get_device_capability(0); print(f"{m}{n}-real")')
 MOD=$(cd /tmp && $PY -c 'import opsfuse._cuda as m; print(m.__file__)')
 WORK=${AB_BUILD_DIR:-/tmp/opsfuse-ab}
 mkdir -p "$WORK"
@@ -33,10 +32,7 @@ tags=(base)
 for spec in "$@"; do
   tag=${spec%%=*} defs=${spec#*=}
   dir="$WORK/build-$tag"
-  cmake -S "$REPO" -B "$dir" -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DOPSFUSE_CUDA=ON \
-    ${ONNXRUNTIME_ROOT:+-DONNXRUNTIME_ROOT="$ONNXRUNTIME_ROOT"} -DPython_EXECUTABLE="$(command -v $PY)" \
-    "-DCMAKE_CUDA_FLAGS=${defs//,/ }" > "$WORK/cmake-$tag.log"
-  ninja -C "$dir" _cuda ${AB_CHECK:+attention_cuda_check} > "$WORK/build-$tag.log"
+  "$REPO/scripts/build_variant.sh" "$dir" "$defs" _cuda ${AB_CHECK:+attention_cuda_check}
   cp "$dir"/plugin/python/_cuda*.so "$WORK/$tag.so"
   tags+=("$tag")
   echo "built $tag ($defs)"

@@ -6,8 +6,9 @@ local-memory traffic (LDL / STL: spills or a stack array), and no kernel's wgmma
 BINARY is disassembled with cuobjdump (CUOBJDUMP, else the one on PATH, else Triton's copy). Prints
 one line per Hopper kernel (HGMMA count, local loads / stores, the count of wgmma waits, and its
 size: instructions and KB of code, what every SM fetches anew after other kernels have replaced it
-in its instruction caches, docs/notes/cuda_kernel.md session 14) and exits 1 when a check fails. ptxas reports a serialization (C7515) only while compiling; its trace in the
-SASS is a wait after every HGMMA, which this flags as "serialized" (HGMMA count == wait count)."""
+in its instruction caches, docs/notes/cuda_kernel.md session 14) and exits 1 when a check fails.
+ptxas reports a serialization (C7515) only while compiling; its trace in the SASS is a wait after
+every HGMMA, which this flags as "serialized" (HGMMA count == wait count)."""
 from __future__ import annotations
 
 import os

@@ -14,13 +14,9 @@ defs=$1
 shift
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
-ARCH=$($PY -c 'import torch; m, n = torch.cuda.get_device_capability(0); print(f"{m}{n}-real")')
 MOD=$(cd /tmp && $PY -c 'import opsfuse._cuda as m; print(m.__file__)')
 dir=${VARIANT_BUILD_DIR:-/tmp/opsfuse-variant}
-cmake -S "$REPO" -B "$dir" -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DOPSFUSE_CUDA=ON \
-  ${ONNXRUNTIME_ROOT:+-DONNXRUNTIME_ROOT="$ONNXRUNTIME_ROOT"} -DPython_EXECUTABLE="$(command -v $PY)" \
-  "-DCMAKE_CUDA_FLAGS=${defs//,/ }" > "$dir.cmake.log"
-ninja -C "$dir" _cuda > "$dir.build.log"
+"$REPO/scripts/build_variant.sh" "$dir" "$defs"
 cp "$MOD" "$dir.installed.so"
 trap 'cp "$dir.installed.so" "$MOD"' EXIT
 cp "$dir"/plugin/python/_cuda*.so "$MOD"
