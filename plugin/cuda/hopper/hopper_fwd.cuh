@@ -42,10 +42,11 @@
 //    B=8 H=12 S=512 D=64 even when it was all True, yet nearly every key tile of such a mask is
 //    all visible, all masked, or visible up to the sequence's end. So each key tile is classified
 //    once per item (tile_class_vote: every consumer warp reads the tile's mask bytes, 2 loads per
-//    lane, one tile ahead, and votes) and scored as the unmasked kernel would (kScoreFast /
-//    kScoreLimits, the prefix end as one more key limit), or not at all (kScoreNone: P = 0, no
-//    S product); only other tiles take the per-score mask path. The producer still loads every
-//    tile (skipping all-masked tiles would need it to agree on the tile list: not done).
+//    lane, one tile ahead, and votes): an all-visible tile is scored as the unmasked kernel would
+//    (kScoreFast), an all-masked one not at all (kScoreNone: P = 0, no S product); only the others
+//    (a visible prefix, a key limit inside, mixed) take the per-score mask path. The producer
+//    still loads every tile (skipping all-masked tiles would need it to agree on the tile list:
+//    not done).
 //  - Tail split (choose_plan's hopper_tail_split(): plan.persistent > 0 with plan.cluster == 2): a
 //    persistent grid whose last round is partial (seed B=1 H=12 S=2048: 192 row tiles on 132 SMs,
 //    the second round keeps 60 busy) launches as clusters of 2; the full rounds run unsplit, the
@@ -307,14 +308,13 @@ __device__ __forceinline__ int tile_class_vote(const uint32_t (&w)[2], int n0, i
 //             computed once; a tile's loads are issued before its S wgmma is waited for, so
 //             their latency hides behind the matrix products. The values added are full_score()'s,
 //             bit for bit. A mask that is the same for every query row (mask_stride[2] == 0,
-//             padding masks) is first classified per key tile (tile_class_vote): uniform and
-//             visible-prefix tiles skip the pair loads and the per-score mask work (kScoreFast /
-//             kScoreLimits / kScoreNone below); only kTileMixed tiles take the pair path.
+//             padding masks) is first classified per key tile (tile_class_vote): uniform tiles
+//             skip the pair loads and the per-score mask work (kScoreFast / kScoreNone below).
 enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3 };
 // How one key tile is scored (a compile-time variant of the loop body, so that each is one basic
 // block): kScoreFast no per-score work (raw q.k, the scale folded into the exponent; positive
 // scale, no key limit inside the tile, every key visible); kScoreLimits scale and per-key limits
-// (causal, key_lengths, Sk, and a padding mask's visible prefix); kScoreMask the mode's mask /
+// (causal, key_lengths, Sk; the plain kernel's, the others take kScoreMask); kScoreMask the mode's mask /
 // softcap work (pair path or full_score()); kScoreNone every key masked: P = 0, the running
 // max / sum unchanged (what -inf scores would give, without computing them).
 enum Scoring : int { kScoreFast = 0, kScoreLimits = 1, kScoreMask = 2, kScoreNone = 3 };
@@ -639,9 +639,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef OPSFUSE_HOPPER_TRACE
   // Diagnostic builds only: event e of round r of this block's warpgroup cw, as globaltimer ns at
   // a.trace[((block * 2 + cw) * 64 + r) * 32 + e] and as the SM's clock at e + 8 of that row
-  // (scripts/hopper_trace.py reads them); slots 16 + k: the clocks the item's key loop (the tiles
-  // after the first) spent in wait k, 0 K tile, 1 V tile, 2 the turn, 3 the S product, 4 the P V
-  // product (OPSFUSE_HOPPER_TIMED).
+  // (scripts/hopper_trace.py reads them); slots 16 + k: the clocks the item's key loop spent in
+  // wait k, 0 K tile, 1 V tile, 2 the turn, 3 the S product, 4 the P V product (OPSFUSE_HOPPER_TIMED;
+  // every tile's step, the first one's too where the loop takes it, kFirstInLoop).
   unsigned int waited[5] = {0, 0, 0, 0, 0};
   auto trace = [&](int e) {
     if (a.trace != nullptr && t == 0 && round < 64) {
@@ -795,7 +795,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
-    // `plim`: kScoreLimits of a pair-mask mode, the mask's visible prefix ends there (absolute key).
     // l = l * alpha + this tile's row sum (even and odd columns summed apart, then added).
     auto row_sums = [&]() {
 #pragma unroll
@@ -810,7 +809,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     // `defer_sums` (std::true_type): the row sums are left to row_sums(), called after the P V wait.
-    auto softmax = [&](int it, auto variant, int plim, auto defer_sums) {
+    auto softmax = [&](int it, auto variant, auto defer_sums) {
       constexpr int kV = decltype(variant)::value;
       const int n0 = it * kBN;
       const int c0 = 2 * (lane % 4);
@@ -851,8 +850,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               s[i * 4 + e] = full_score<T>(a, s[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
         }
       } else if constexpr (kV == kScoreLimits) {
-        int lim[2] = {key_limit[0], key_limit[1]};
-        if constexpr (kPairMask) lim[0] = min(lim[0], plim), lim[1] = min(lim[1], plim);
+        const int lim[2] = {key_limit[0], key_limit[1]};
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
@@ -970,20 +968,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Tile classes (padding-style masks, kPairMask with mask_stride[2] == 0; else kTileMixed): the
     // class of tile it + 1 is read while tile it is processed (loads at the start of step(it), the
     // vote once S(it) is waited for), so that step(it + 1) knows before it issues anything whether
-    // it needs the pair loads or its S product at all; the first two tiles' class loads go out
-    // with the first tile's pair loads, before Q is waited for, and are voted on after S(t_begin).
+    // it needs the pair loads or its S product at all; the first tile's class loads go out before
+    // Q is waited for and are voted on after that wait.
     // (The vote reads 4 keys per lane: 128-key tiles only; D = 256's 64-key tiles score every tile
     // of a pair mask through the pair loads.)
     const bool classify = kPairMask && kBN == 128 && mask_rows_shared && mask_classes != 0;
-    uint32_t craw[2][2];
-    auto class_load = [&](int it, int slot) {
+    uint32_t craw[2];
+    auto class_load = [&](int it) {
       if constexpr (kPairMask) {
-        if (classify) tile_class_load<kMaskBytes>(craw[slot], mrow0, it * kBN, len, lane);
+        if (classify) tile_class_load<kMaskBytes>(craw, mrow0, it * kBN, len, lane);
       }
     };
-    auto class_vote = [&](int it, int slot) {
+    auto class_vote = [&](int it) {
       if constexpr (kPairMask) {
-        if (classify) return tile_class_vote<T, kMaskBytes>(craw[slot], it * kBN, len, lane);
+        if (classify) return tile_class_vote<T, kMaskBytes>(craw, it * kBN, len, lane);
       }
       return kTileMixed;
     };
@@ -995,66 +993,91 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else if constexpr (kMode == kGeneral) {
         f(ScoringV<kScoreMask>{});
       } else {
-        if (cls == kTileMixed) f(ScoringV<kScoreMask>{});
-        else if (cls == 0) f(ScoringV<kScoreNone>{});
+        // A visible-prefix or boundary tile takes the mask variant too: its pair loads read the
+        // prefix's end from the mask itself, and the loop body carries one variant less (~1,100
+        // instructions; see kFirstInLoop below for why size matters; session 15's A/B: level alone,
+        // 4-5 % faster between BERT's GEMMs than with the limits variant for them). One call site
+        // per variant: each is inlined where it is called.
+        if (cls == 0) f(ScoringV<kScoreNone>{});  // kTileMixed is negative: never 0 or kBN
         else if (cls == kBN && !is_boundary(it)) f(ScoringV<kScoreFast>{});
-        else f(ScoringV<kScoreLimits>{});
+        else f(ScoringV<kScoreMask>{});
       }
     };
-    if (n_tiles > 0) {
-      load_mask(t_begin);  // before the class is known: the latency hides behind the Q wait
-      class_load(t_begin, 0);
-      if (n_tiles > 1) class_load(t_begin + 1, 1);
-    }
+    // The first tile: through the key loop's body in the mask / softcap kernels, its own copy in
+    // the plain one. Each copy of the scoring variants is ~1,000 instructions of SASS, and a
+    // kernel's first item on an SM runs from cold instruction caches: between BERT's GEMMs the pair-
+    // mask kernel's size, run or not, cost it ~25 % (session 14). Session 15's same-call A/B (fp16
+    // D = 64, B=8 H=12 S=512, µs alone / between the GEMMs): additive zeros mask 25.3 / 33.8 ->
+    // 24.1 / 30.0, padded 28.4 / 39.4 -> 27.4 / 32.0 (with the prefix tiles above); the plain kernel
+    // in the loop: 21.7 / 26.7 -> 22.0 / 26.1 and the seed shapes 1-3 % slower, so it keeps its copy.
+    constexpr bool kFirstInLoop = kMode != kPlain;
+    if (n_tiles > 0) class_load(t_begin);  // pair masks: voted on after the Q wait
     mbar_wait(bar_q(round), q_parity(round));
     OPSFUSE_HOPPER_STAMP(1);  // Q is in
     __syncwarp();
     // Q is released (for the item kQBuffers rounds later) after the item's last S = Q K^T.
     if (n_tiles == 0 && lane == 0) mbar_arrive(bar_qempty(round));
     if (n_tiles > 0) {
-      // First tile: S, softmax, P.
-      const int st0 = stage_of(t_begin);
-      mbar_wait(bar_kfull(st0), parity_of(t_begin));
-      OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
-      __syncwarp();
-      turn_wait();
-      OPSFUSE_HOPPER_STAMP(3);  // this warpgroup's turn: the first S product issues
-      wgmma_fence();
-      issue_qk(st0);
-      wgmma_commit();
-      turn_pass(false);
-      wgmma_wait<0>();
-      reg_fence(s);
-      if (lane == 0) mbar_arrive(bar_kempty(st0));
-      if (n_tiles == 1 && lane == 0) mbar_arrive(bar_qempty(round));
-      const int cls0 = class_vote(t_begin, 0);
-      int cls_next = n_tiles > 1 ? class_vote(t_begin + 1, 1) : kTileMixed;  // tile it + 1's class
-      with_scoring(t_begin, cls0,
-                   [&](auto variant) { softmax(t_begin, variant, t_begin * kBN + cls0, std::false_type{}); });
-      pack_into(p);
-      OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
-      // Tiles t_begin + 1 .. t_end - 1: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
+      int cls_next = class_vote(t_begin);  // the class of the tile the loop takes next
+      if constexpr (!kFirstInLoop) {
+        // First tile (the plain kernel: no classes, no mask): S, softmax, P.
+        const int st0 = stage_of(t_begin);
+        mbar_wait(bar_kfull(st0), parity_of(t_begin));
+        OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
+        __syncwarp();
+        turn_wait();
+        OPSFUSE_HOPPER_STAMP(3);  // this warpgroup's turn: the first S product issues
+        wgmma_fence();
+        issue_qk(st0);
+        wgmma_commit();
+        turn_pass(false);
+        wgmma_wait<0>();
+        reg_fence(s);
+        if (lane == 0) mbar_arrive(bar_kempty(st0));
+        if (n_tiles == 1 && lane == 0) mbar_arrive(bar_qempty(round));
+        with_scoring(t_begin, kTileMixed, [&](auto variant) { softmax(t_begin, variant, std::false_type{}); });
+        pack_into(p);
+        OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
+      }
+      // One step per key tile: S(it) and P(it-1) V(it-1) issued together; the warpgroup waits for
       // S(it) only, then scores it while P(it-1) V(it-1) runs (ptxas places the wait for that
       // product part-way through the exponentials), and the other warpgroup's batch (pingpong)
-      // keeps the tensor cores busy too.
+      // keeps the tensor cores busy too. The first tile's step has no P V product (an empty wgmma
+      // group keeps the group count) and no V stage to wait for or release.
+      // `first_it` is t_begin through an opaque move, so that the compiler cannot peel the first
+      // iteration back into a copy of its own.
       // A tile whose keys are all masked (kScoreNone) skips its S = Q K^T (an empty wgmma group
       // keeps the group count); its K/V stages are still waited for and released.
-      auto step = [&](int it, int cls, auto variant) {
+      int first_it;
+      asm("mov.b32 %0, %1;\n" : "=r"(first_it) : "r"(t_begin));
+      auto step = [&](int it, auto variant) {
         constexpr int kV = decltype(variant)::value;
+        const bool first = kFirstInLoop && it == first_it;
         const int st = stage_of(it), prev = stage_of(it - 1);
         if constexpr (kV == kScoreMask) load_mask(it);  // independent of S(it): in flight while the wgmmas run
-        if (it + 1 < t_end) class_load(it + 1, 0);
-        rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added
+        if (it + 1 < t_end) class_load(it + 1);
+        rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added (first: O = 0, alpha = 1)
         OPSFUSE_HOPPER_TIMED(0, mbar_wait(bar_kfull(st), parity_of(it)));
-        OPSFUSE_HOPPER_TIMED(1, mbar_wait(bar_vfull(prev), parity_of(it - 1)));
+        if (!first) OPSFUSE_HOPPER_TIMED(1, mbar_wait(bar_vfull(prev), parity_of(it - 1)));
         __syncwarp();
-        zero_v_tail(prev, it - 1);
+        if (first) OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
+        if (!first) zero_v_tail(prev, it - 1);
         OPSFUSE_HOPPER_TIMED(2, turn_wait());
-        wgmma_fence();
-        if constexpr (kV != kScoreNone) issue_qk(st);
-        wgmma_commit();
-        issue_pv(prev, p);
-        wgmma_commit();
+        if (first) OPSFUSE_HOPPER_STAMP(3);  // this warpgroup's turn: the first S product issues
+        // Each branch fences and issues its own products: a wgmma that a branch separates from its
+        // fence gets another fence from ptxas (warning C7519).
+        if (first) {
+          wgmma_fence();
+          if constexpr (kV != kScoreNone) issue_qk(st);
+          wgmma_commit();
+          wgmma_commit();  // no P V product: an empty group
+        } else {
+          wgmma_fence();
+          if constexpr (kV != kScoreNone) issue_qk(st);
+          wgmma_commit();
+          issue_pv(prev, p);
+          wgmma_commit();
+        }
         turn_pass(false);
         OPSFUSE_HOPPER_TIMED(3, wgmma_wait<1>());  // S(it) done; P(it-1) V(it-1) may still run
         reg_fence(s);
@@ -1062,25 +1085,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (it == t_end - 1 && lane == 0) mbar_arrive(bar_qempty(round));
         // The next tile's class, before the scoring needs the registers (its loads went out at the
         // start of this step, ahead of the barrier waits and the S product).
-        if (it + 1 < t_end) cls_next = class_vote(it + 1, 0);
+        if (it + 1 < t_end) cls_next = class_vote(it + 1);
         // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
         // leaves (P(it-1) live), so that variant waits for the product first.
         // The row sums come after the wait (the same additions, the same bits). ptxas puts the wait
         // after ~7 of the 64 exponentials either way; with the sums ahead of it, it gave them
         // registers of P and interleaved them with the exponentials (session 13's A/B: 1-3 %
         // faster at D = 64 and at S=1024 D = 128 with them after the wait).
-        if constexpr (!kElementwise) softmax(it, variant, it * kBN + cls, std::true_type{});
+        if constexpr (!kElementwise) softmax(it, variant, std::true_type{});
         OPSFUSE_HOPPER_TIMED(4, wgmma_wait<0>());  // P(it-1) V(it-1) done: O and the P registers are free again
         reg_fence(o);
         reg_fence(p);
-        if (lane == 0) mbar_arrive(bar_vempty(prev));
+        if (lane == 0 && !first) mbar_arrive(bar_vempty(prev));
         if constexpr (!kElementwise && kV != kScoreNone) row_sums();
-        if constexpr (kElementwise) softmax(it, variant, it * kBN + cls, std::false_type{});
+        if constexpr (kElementwise) softmax(it, variant, std::false_type{});
         pack_into(p);
+        if (first) OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
       };
-      for (int it = t_begin + 1; it < t_end; ++it) {
-        const int cls = cls_next;
-        with_scoring(it, cls, [&](auto variant) { step(it, cls, variant); });
+      for (int it = kFirstInLoop ? t_begin : t_begin + 1; it < t_end; ++it) {
+        with_scoring(it, cls_next, [&](auto variant) { step(it, variant); });
       }
       const int last = stage_of(t_end - 1);
       rescale_o();
