@@ -506,8 +506,9 @@ int main(int argc, char** argv) {
       {"hop f16 d40/80 split2 causal2", H, 2, 4, 2, 130, 520, 40, 80, 2, 0.f, MA, 2, 0, 0, 2},
       // Padding masks (B,1,1,Sk) (mask_rank 3, pad_length(): per batch all visible, all masked,
       // a prefix ending inside / at the edge of a key tile, one key, random): the kernel classifies
-      // each key tile once and scores uniform / prefix tiles without the mask (kScoreFast /
-      // kScoreLimits / kScoreNone), random ones through the pair loads. Sk not a multiple of 128,
+      // each key tile once and scores uniform tiles without the mask (kScoreFast / kScoreNone),
+      // prefix and random ones through the pair loads; each batch's first tile is of a different
+      // class, through the key loop's first step (session 15). Sk not a multiple of 128,
       // GQA, causal 1 / 2 and key_lengths on top (the classes count keys below the key length
       // only), bool and additive (+0 / -0 / -inf) in both dtypes, a persistent grid (classes per
       // item) and key splits (classes per split).
