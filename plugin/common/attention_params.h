@@ -28,6 +28,12 @@ struct AttentionParams {
   const void* mask = nullptr;         // bool (1 byte) or `dtype`; see mask_kind / mask_stride
   const void* key_lengths = nullptr;  // (B,) int32 or int64, or null
   bool key_lengths_int64 = false;
+  // Biases of `dtype` added to Q, K, V as they are read (null: none): q_bias (Hq*D,), k_bias
+  // (Hkv*D,), v_bias (Hkv*Dv,), element h*D + d for head h, column d. The ONNX front ends set
+  // them from the packed input qkv_bias (set_qkv_pointers); the binding takes them one by one.
+  const void* q_bias = nullptr;
+  const void* k_bias = nullptr;
+  const void* v_bias = nullptr;
 
   DType dtype = DType::kFloat32;
   MaskKind mask_kind = MaskKind::kNone;
@@ -52,6 +58,10 @@ struct AttentionParams {
   float softcap = 0.0f;  // > 0: s <- softcap * tanh(s / softcap), before the mask
   int32_t is_causal = 0;
 };
+
+inline bool has_bias(const AttentionParams& p) {
+  return p.q_bias != nullptr || p.k_bias != nullptr || p.v_bias != nullptr;
+}
 
 inline const char* status_name(Status s) {
   switch (s) {

@@ -23,8 +23,11 @@ inline constexpr int kInputK = 1;           // (B, Hkv, Sk, D)  or (B, Sk, Hkv*D
 inline constexpr int kInputV = 2;           // (B, Hkv, Sk, Dv) or (B, Sk, Hkv*Dv)
 inline constexpr int kInputMask = 3;        // broadcastable to (B, Hq, Sq, Sk); bool or T
 inline constexpr int kInputKeyLengths = 4;  // (B,); int32 or int64
+// ((Hq + 2*Hkv)*D,); T; only with packed_qkv = 1: added to every packed row before the windows are
+// read (docs/notes/contract_qkv_bias.md).
+inline constexpr int kInputQkvBias = 5;
 inline constexpr int kNumRequiredInputs = 3;
-inline constexpr int kNumInputs = 5;
+inline constexpr int kNumInputs = 6;
 inline constexpr int kOutputY = 0;  // (B, Hq, Sq, Dv) or (B, Sq, Hq*Dv), the form of Q
 
 // Attributes.

@@ -101,13 +101,13 @@ std::string check_attributes(const AttentionAttributes& a) {
   return os.str();
 }
 
-std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttributes& attrs,
+std::string check_inputs_and_fill(const TensorDesc (&in)[6], const AttentionAttributes& attrs,
                                   AttentionParams* p) {
   using namespace contract;
   std::string err = check_attributes(attrs);
   if (!err.empty()) return err;
 
-  static const char* kNames[5] = {"Q", "K", "V", "attn_mask", "key_lengths"};
+  static const char* kNames[6] = {"Q", "K", "V", "attn_mask", "key_lengths", "qkv_bias"};
   Message os;
   for (int i = 0; i < kNumRequiredInputs; ++i) {
     if (!in[i].present) {
@@ -294,6 +294,26 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[5], const AttentionAttr
     p->key_lengths_int64 = kl.type == ElemType::kInt64;
   }
 
+  const TensorDesc& bias = in[kInputQkvBias];
+  if (bias.present) {
+    const int64_t width = (p->heads_q + 2 * p->heads_kv) * p->head_dim;
+    if (attrs.packed_qkv != 1) {
+      os << "qkv_bias is given, but attribute packed_qkv is not 1: the bias belongs to the packed (B, S, "
+            "(q_num_heads + 2*kv_num_heads)*D) projection";
+      return os.str();
+    }
+    if (bias.type != in[kInputQ].type) {
+      os << "qkv_bias has element type " << elem_type_name(bias.type) << "; it must be the type of Q ("
+         << elem_type_name(in[kInputQ].type) << ")";
+      return os.str();
+    }
+    if (bias.shape.size() != 1 || bias.shape[0] != width) {
+      os << "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,) = (" << width << ",), got "
+         << shape_str(bias.shape);
+      return os.str();
+    }
+  }
+
   p->scale = attrs.has_scale ? attrs.scale : 1.0f / std::sqrt(static_cast<float>(p->head_dim));
   p->softcap = attrs.softcap;
   p->is_causal = static_cast<int32_t>(attrs.is_causal);
@@ -309,7 +329,7 @@ int64_t packed_v_offset(const AttentionAttributes& attrs, const AttentionParams&
 }
 
 void set_qkv_pointers(const AttentionAttributes& attrs, const void* q, const void* k, const void* v,
-                      AttentionParams* p) {
+                      const void* qkv_bias, AttentionParams* p) {
   const int64_t elem = p->dtype == DType::kFloat32 ? 4 : 2;
   auto at = [elem](const void* base, int64_t offset) -> const void* {
     return base == nullptr ? nullptr : static_cast<const char*>(base) + offset * elem;
@@ -317,6 +337,9 @@ void set_qkv_pointers(const AttentionAttributes& attrs, const void* q, const voi
   p->q = q;
   p->k = at(k, packed_k_offset(attrs, *p));
   p->v = at(v, packed_v_offset(attrs, *p));
+  p->q_bias = qkv_bias;
+  p->k_bias = at(qkv_bias, packed_k_offset(attrs, *p));
+  p->v_bias = at(qkv_bias, packed_v_offset(attrs, *p));
 }
 
 std::string check_key_lengths(const AttentionParams& p) {

@@ -38,23 +38,25 @@ struct AttentionAttributes {
 // Checks attribute values alone (at node creation time).
 std::string check_attributes(const AttentionAttributes& attrs);
 
-// Checks the five inputs (index order of contract.h; absent optional ones have present=false)
+// Checks the six inputs (index order of contract.h; absent optional ones have present=false)
 // and fills every field of `params` except the data pointers: sizes, element strides (dense
 // for the 4-D form; for the 3-D form (B, S, H*D) those of the same tensor viewed as
 // (B, H, S, D)), mask broadcast strides, dtype, mask kind, resolved scale, softcap, causal mode.
 // Q, K and V are all rank 4 or all rank 3; Y takes the same form (output_shape). With
 // attrs.packed_qkv = 1 the three inputs are rank 3 and of one shape (B, S, (Hq + 2*Hkv)*D), the
 // strides are those of the packed rows, and the data pointers must come from set_qkv_pointers.
-std::string check_inputs_and_fill(const TensorDesc (&inputs)[5], const AttentionAttributes& attrs,
+// qkv_bias is allowed only with packed_qkv = 1: ((Hq + 2*Hkv)*D,) of Q's type.
+std::string check_inputs_and_fill(const TensorDesc (&inputs)[6], const AttentionAttributes& attrs,
                                   AttentionParams* params);
 
 // Sets the Q, K and V data pointers of validated `params` from the base addresses of the three
 // inputs. Every front end sets them here, never itself: with packed_qkv = 1 each input is the
 // packed (B, S, (Hq + 2*Hkv)*D) tensor and K, V start Hq*D and (Hq + Hkv)*D elements into their
 // input's rows (Q at column 0), the window the strides of check_inputs_and_fill describe.
+// `qkv_bias` (packed_qkv = 1 only, or null) is split the same way into q_bias, k_bias, v_bias.
 // A null base stays null.
 void set_qkv_pointers(const AttentionAttributes& attrs, const void* q, const void* k, const void* v,
-                      AttentionParams* params);
+                      const void* qkv_bias, AttentionParams* params);
 
 // Element offsets of the K and V windows within a packed row (0 when not packed), from
 // validated params: Hq*D and (Hq + Hkv)*D.

@@ -102,6 +102,7 @@ Status run_attention(const AttentionParams& p, const ParallelFor& parallel_for) 
   }
   if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0 || p.head_dim_v == 0) return Status::kOk;
   if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return Status::kInvalidArgument;
+  if (has_bias(p)) return Status::kInvalidArgument;  // the caller folds them (bias_fold.h)
 
   const CpuKernel* kernel = selected_kernel();
   const Tiling t = make_tiling(p, kernel->lane_block);

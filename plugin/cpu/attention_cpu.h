@@ -14,7 +14,8 @@ namespace opsfuse::cpu {
 using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t)>& body)>;
 
 // All pointers in `p` are host pointers; shapes were validated by check_inputs_and_fill and
-// key_lengths by check_key_lengths. Returns kOk or kUnsupported.
+// key_lengths by check_key_lengths. Biases must have been folded into copies first
+// (bias_fold.h): with a bias pointer set it returns kInvalidArgument. Returns kOk or kUnsupported.
 Status run_attention(const AttentionParams& p, const ParallelFor& parallel_for);
 
 }  // namespace opsfuse::cpu

@@ -47,6 +47,7 @@
 #include <cuda_runtime.h>
 #include <unistd.h>  // environ
 
+#include "bias_fold.h"
 #include "common/message.h"
 #include "kernel_common.cuh"
 
@@ -562,6 +563,17 @@ std::string check_params(const AttentionParams& p) {
 
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
+// Biases (AttentionParams::q_bias ...; bias_fold.h): the Hopper prefill kernel adds them itself,
+// except K's under softcap (tanh does not pass a per-row constant through, so it cannot be left out).
+bool fuses_biases(const AttentionParams& p, const Plan& plan) {
+  return plan.kind == KernelKind::kHopper && !(p.softcap > 0.0f && p.k_bias != nullptr);
+}
+// Where planning places the biased copies before the workspace exists (choose_plan() reads pointer
+// alignment only; the real copies start 256-byte aligned too).
+void* const kPlanningBase = reinterpret_cast<void*>(uintptr_t{1} << 12);
+// Workspace for the biased copies of `p`, with room to align their start to 256 bytes.
+size_t fold_bytes(const AttentionParams& p) { return detail::folded_bytes(p) + 256; }
+
 template <typename T>
 __global__ void combine_splits_kernel(const KernelArgs a) {
   // One warp per output row: merges the splits' (max, sum, unnormalized output).
@@ -649,8 +661,17 @@ size_t workspace_size(const AttentionParams& p) {
   DeviceInfo dev;
   if (device_info(&dev) != cudaSuccess) return 0;
   const Switches sw = read_switches();
-  return std::max(workspace_for(p, choose_plan(p, dev, sw, /*allow_hopper=*/false)),
-                  workspace_for(p, choose_plan(p, dev, sw)));  // see the top
+  const Plan hopper = choose_plan(p, dev, sw);
+  if (!has_bias(p))
+    return std::max(workspace_for(p, choose_plan(p, dev, sw, /*allow_hopper=*/false)),
+                    workspace_for(p, hopper));  // see the top
+  // Biases: the biased copies and the plans for them (every plan but the Hopper kernel's fused
+  // one, which may still fall back to them), or the fused plan's own.
+  const AttentionParams f = detail::folded_params(p, kPlanningBase);
+  size_t bytes = fold_bytes(p) + std::max(workspace_for(f, choose_plan(f, dev, sw, /*allow_hopper=*/false)),
+                                          workspace_for(f, choose_plan(f, dev, sw)));
+  if (fuses_biases(p, hopper)) bytes = std::max(bytes, workspace_for(p, hopper));
+  return bytes;
 }
 
 namespace {
@@ -691,26 +712,47 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   if (err != cudaSuccess) return cuda_fail(err, "reading the device's attributes");
   const Switches sw = read_switches();
   Plan plan = choose_plan(p, dev, sw);
+  // Biases that the chosen kernel does not add: the kernels read biased copies at the workspace's
+  // start (bias_fold.h), planned for as what they are (dense tensors), the kernel's own workspace
+  // after them. `qkv` is what the kernel reads.
+  AttentionParams qkv = p;
+  size_t copies = 0;
+  if (has_bias(p) && !fuses_biases(p, plan)) {
+    copies = fold_bytes(p);
+    qkv = detail::folded_params(p, kPlanningBase);
+    plan = choose_plan(qkv, dev, sw);
+  }
   // A workspace sized for another shape (TensorRT samples its profile's range) may lack stream-K's
   // partial slots: the static order then, which needs none.
-  if (plan.stream_k && !scratch.ensure(workspace_for(p, plan))) plan.stream_k = false;
-  const size_t need = workspace_for(p, plan);
-  if (!scratch.ensure(need)) {
+  if (plan.stream_k && !scratch.ensure(copies + workspace_for(qkv, plan))) plan.stream_k = false;
+  const size_t need = copies + workspace_for(qkv, plan);
+  auto short_of = [&](size_t bytes) {
     if (scratch.alloc != nullptr) return fail(Status::kDeviceError, "could not allocate the launch's scratch space");
     Message os;
-    os << "the launch needs " << need << " bytes of workspace (workspace_size), got " << scratch.bytes;
+    os << "the launch needs " << bytes << " bytes of workspace (workspace_size), got " << scratch.bytes;
     return fail(Status::kInvalidArgument, os.str());
-  }
+  };
+  if (!scratch.ensure(need)) return short_of(need);
+  // Writes `from`'s biased copies at the (256-byte aligned) start of the scratch space; returns
+  // the params reading them and moves `workspace` past them.
   void* workspace = scratch.ptr;
+  auto fold_into_scratch = [&](const AttentionParams& from) {
+    void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.ptr) + 255) & ~uintptr_t(255));
+    const AttentionParams folded = detail::folded_params(from, base);
+    workspace = static_cast<char*>(base) + detail::folded_bytes(from);
+    err = detail::launch_fold_biases(from, folded, stream);
+    return folded;
+  };
+  if (copies > 0) {
+    qkv = fold_into_scratch(p);
+    if (err != cudaSuccess) return cuda_fail(err, "launching the bias copies' kernel");
+  }
 
   KernelArgs a{};
 #ifdef OPSFUSE_HOPPER_TRACE
   if (const char* e = std::getenv("OPSFUSE_HOPPER_TRACE_PTR"); e != nullptr)
     a.trace = reinterpret_cast<unsigned long long*>(std::strtoull(e, nullptr, 0));
 #endif
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
   a.y = p.y;
   a.mask = p.mask_kind == MaskKind::kNone ? nullptr : p.mask;
   a.mask_kind = static_cast<int>(p.mask_kind);
@@ -727,22 +769,31 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   a.rows = a.group * a.seq_q;
   a.causal = p.is_causal;
   a.causal_offset = p.is_causal == 2 ? a.seq_k - a.seq_q : 0;
-  for (int i = 0; i < 3; ++i) {
-    a.q_stride[i] = p.q_stride[i];
-    a.k_stride[i] = p.k_stride[i];
-    a.v_stride[i] = p.v_stride[i];
-    a.y_stride[i] = p.y_stride[i];
-  }
+  for (int i = 0; i < 3; ++i) a.y_stride[i] = p.y_stride[i];
   for (int i = 0; i < 4; ++i) a.mask_stride[i] = p.mask_stride[i];
   a.scale = p.scale;
   a.scale_log2 = p.scale * detail::kLog2e;
   a.softcap = p.softcap;
   const size_t esize = p.dtype == DType::kFloat32 ? 4 : 2;
-  bool vec = aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16);
-  for (int i = 0; i < 3; ++i)
-    vec = vec && (p.q_stride[i] * esize) % 16 == 0 && (p.k_stride[i] * esize) % 16 == 0 &&
-          (p.v_stride[i] * esize) % 16 == 0;
-  a.vec_loads = vec ? 1 : 0;
+  // Q, K, V (and the biases the kernel adds itself) as the kernel reads them.
+  auto bind_inputs = [&](const AttentionParams& r) {
+    a.q = r.q;
+    a.k = r.k;
+    a.v = r.v;
+    for (int i = 0; i < 3; ++i) {
+      a.q_stride[i] = r.q_stride[i];
+      a.k_stride[i] = r.k_stride[i];
+      a.v_stride[i] = r.v_stride[i];
+    }
+    a.q_bias = r.q_bias;
+    a.v_bias = r.v_bias;
+    bool vec = aligned(r.q, 16) && aligned(r.k, 16) && aligned(r.v, 16);
+    for (int i = 0; i < 3; ++i)
+      vec = vec && (r.q_stride[i] * esize) % 16 == 0 && (r.k_stride[i] * esize) % 16 == 0 &&
+            (r.v_stride[i] * esize) % 16 == 0;
+    a.vec_loads = vec ? 1 : 0;
+  };
+  bind_inputs(qkv);
   bool vs = aligned(p.y, 2 * esize);
   for (int i = 0; i < 3; ++i) vs = vs && p.y_stride[i] % 2 == 0;
   a.vec_store = vs ? 1 : 0;
@@ -758,7 +809,7 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   };
   bind_splits(plan);
   a.sched_heads = plan.sched_heads;
-  // The ticket counter, 4-byte aligned in the workspace's first kTicketBytes (zeroed by launch_hopper).
+  // The ticket counter, 4-byte aligned qkv the workspace's first kTicketBytes (zeroed by launch_hopper).
   a.tile_counter = plan.sched_heads > 0
                        ? reinterpret_cast<int*>((reinterpret_cast<uintptr_t>(workspace) + 3) & ~uintptr_t(3))
                        : nullptr;
@@ -783,10 +834,21 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
     // launched): the portable plan instead, when the workspace covers it (workspace_size() counts
     // it; a caller that sized the workspace for the Hopper plan alone may fall short) or the
     // scratch allocator hands out what it needs.
-    const Plan fallback = choose_plan(p, dev, sw, /*allow_hopper=*/false);
-    const RunFn fallback_run = scratch.ensure(workspace_for(p, fallback)) ? pick_kernel(p, fallback) : nullptr;
+    // Biases the Hopper kernel would have added: the portable kernels read biased copies.
+    const bool fold = has_bias(qkv);
+    const AttentionParams planned = fold ? detail::folded_params(qkv, kPlanningBase) : qkv;
+    const Plan fallback = choose_plan(planned, dev, sw, /*allow_hopper=*/false);
+    const size_t fallback_need = (fold ? fold_bytes(qkv) : 0) + workspace_for(planned, fallback);
+    const bool room = scratch.ensure(fallback_need);
+    if (!room && fold) return short_of(fallback_need);  // never run without the biases
+    const RunFn fallback_run = room ? pick_kernel(p, fallback) : nullptr;
     if (fallback_run != nullptr) {
       workspace = scratch.ptr;
+      if (fold) {
+        qkv = fold_into_scratch(qkv);
+        if (err != cudaSuccess) return cuda_fail(err, "launching the bias copies' kernel");
+        bind_inputs(qkv);
+      }
       bind_splits(fallback);
       g_last_kind = static_cast<int>(fallback.kind);
       ran = fallback;

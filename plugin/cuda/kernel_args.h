@@ -19,6 +19,11 @@ struct KernelArgs {
   const void* key_lengths;  // (B,) int32 or int64, or null
   int key_lengths_int64;
   int mask_kind;  // 0 none, 1 bool, 2 additive (MaskKind)
+  // Biases the Hopper prefill kernel adds itself (bias_fold.h; null otherwise, and always for the
+  // other kernels, which read biased copies): Q's (Hq*D,) into its Q tile, V's (Hkv*Dv,) in the
+  // epilogue; K's is left out there (a per-row constant of the scores, which softmax removes).
+  const void* q_bias;
+  const void* v_bias;
 
   int batch, heads_q, heads_kv, group, seq_q, seq_k, head_dim, head_dim_v;
   // Rows of one (batch, kv head): the `group` query heads that share the kv head, times Sq.

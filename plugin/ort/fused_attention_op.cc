@@ -2,11 +2,13 @@
 
 #include <exception>
 #include <functional>
+#include <memory>
 #include <new>
 #include <vector>
 
 #include "../common/contract.h"
 #include "../cpu/attention_cpu.h"
+#include "../cpu/bias_fold.h"
 #ifdef OPSFUSE_WITH_CUDA
 #include "../cuda/attention_cuda.h"
 #endif
@@ -127,10 +129,9 @@ OrtStatusPtr FusedAttentionOp::CreateKernelV2(const OrtApi& api, const OrtKernel
     if (err.empty()) err = check_attributes(config.attrs);
     if (!err.empty()) return api.CreateStatus(ORT_INVALID_ARGUMENT, node_message(config.node_name, err).c_str());
 
+    // The EP's allocator: the CUDA kernel's scratch, and the CPU kernel's biased Q/K/V copies.
     OrtAllocator* allocator = nullptr;
-    if (device_ == Device::kCuda) {
-      if (OrtStatus* st = api.KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator)) return st;
-    }
+    if (OrtStatus* st = api.KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator)) return st;
     *kernel = new FusedAttentionKernel(device_, std::move(config), allocator);
     return nullptr;
   } catch (const std::exception& e) {
@@ -144,7 +145,7 @@ OrtStatusPtr FusedAttentionOp::CreateKernelV2(const OrtApi& api, const OrtKernel
 // Kernel: one per node.
 
 FusedAttentionKernel::~FusedAttentionKernel() {
-  if (device_allocator_ != nullptr) Ort::GetApi().ReleaseAllocator(device_allocator_);
+  if (scratch_allocator_ != nullptr) Ort::GetApi().ReleaseAllocator(scratch_allocator_);
 }
 
 OrtStatusPtr FusedAttentionKernel::error(OrtErrorCode code, const std::string& what) const {
@@ -156,7 +157,7 @@ OrtStatusPtr FusedAttentionKernel::ComputeV2(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
     const size_t input_count = ctx.GetInputCount();
     TensorDesc desc[contract::kNumInputs];
-    const void* data[contract::kNumInputs] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+    const void* data[contract::kNumInputs] = {};
     for (size_t i = 0; i < static_cast<size_t>(contract::kNumInputs) && i < input_count; ++i) {
       Ort::ConstValue value = ctx.GetInput(i);
       if (!value) continue;  // optional input given as the empty name
@@ -169,7 +170,8 @@ OrtStatusPtr FusedAttentionKernel::ComputeV2(OrtKernelContext* context) {
     AttentionParams p;
     std::string err = check_inputs_and_fill(desc, config_.attrs, &p);
     if (!err.empty()) return error(ORT_INVALID_ARGUMENT, err);
-    set_qkv_pointers(config_.attrs, data[contract::kInputQ], data[contract::kInputK], data[contract::kInputV], &p);
+    set_qkv_pointers(config_.attrs, data[contract::kInputQ], data[contract::kInputK], data[contract::kInputV],
+                     data[contract::kInputQkvBias], &p);
     p.mask = data[contract::kInputMask];
     p.key_lengths = data[contract::kInputKeyLengths];
 
@@ -201,7 +203,17 @@ OrtStatusPtr FusedAttentionKernel::compute_cpu(Ort::KernelContext& ctx, const At
     };
     ctx.ParallelFor(trampoline, static_cast<size_t>(n), 0, const_cast<std::function<void(int64_t)>*>(&body));
   };
-  Status st = cpu::run_attention(p, parallel_for);
+  // Biases (qkv_bias): the kernel reads biased copies, in a block of the EP's allocator.
+  AttentionParams run = p;
+  std::unique_ptr<void, std::function<void(void*)>> folded(nullptr, [this](void* ptr) {
+    scratch_allocator_->Free(scratch_allocator_, ptr);
+  });
+  if (has_bias(p)) {
+    folded.reset(scratch_allocator_->Alloc(scratch_allocator_, cpu::folded_bytes(p)));
+    if (folded == nullptr) return error(ORT_FAIL, "out of memory for the biased Q/K/V copies");
+    run = cpu::fold_biases(p, folded.get(), parallel_for);
+  }
+  Status st = cpu::run_attention(run, parallel_for);
   if (st != Status::kOk) return error(ORT_FAIL, std::string("CPU kernel failed: ") + status_name(st));
   return nullptr;
 }
@@ -215,7 +227,7 @@ OrtStatusPtr FusedAttentionKernel::compute_cuda(Ort::KernelContext& ctx, const A
     OrtAllocator* allocator;
     void* ptr[2];
     int n;
-  } blocks{device_allocator_, {nullptr, nullptr}, 0};
+  } blocks{scratch_allocator_, {nullptr, nullptr}, 0};
   auto alloc = [](void* ctx, size_t bytes) -> void* {
     Blocks& b = *static_cast<Blocks*>(ctx);
     if (b.n == 2) return nullptr;
@@ -224,7 +236,7 @@ OrtStatusPtr FusedAttentionKernel::compute_cuda(Ort::KernelContext& ctx, const A
     return ptr;
   };
   Status st = cuda::launch(p, alloc, &blocks, ctx.GetGPUComputeStream());
-  for (int i = 0; i < blocks.n; ++i) device_allocator_->Free(device_allocator_, blocks.ptr[i]);
+  for (int i = 0; i < blocks.n; ++i) scratch_allocator_->Free(scratch_allocator_, blocks.ptr[i]);
   if (st != Status::kOk) {
     const OrtErrorCode code = st == Status::kInvalidArgument ? ORT_INVALID_ARGUMENT
                               : st == Status::kUnsupported   ? ORT_NOT_IMPLEMENTED

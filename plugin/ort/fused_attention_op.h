@@ -20,8 +20,8 @@ struct NodeConfig {
 
 class FusedAttentionKernel {
  public:
-  FusedAttentionKernel(Device device, NodeConfig config, OrtAllocator* device_allocator)
-      : device_(device), config_(std::move(config)), device_allocator_(device_allocator) {}
+  FusedAttentionKernel(Device device, NodeConfig config, OrtAllocator* scratch_allocator)
+      : device_(device), config_(std::move(config)), scratch_allocator_(scratch_allocator) {}
   ~FusedAttentionKernel();
   OrtStatusPtr ComputeV2(OrtKernelContext* context);
 
@@ -32,7 +32,7 @@ class FusedAttentionKernel {
 
   Device device_;
   NodeConfig config_;
-  OrtAllocator* device_allocator_;  // scratch space for the CUDA kernel; null on the CPU
+  OrtAllocator* scratch_allocator_;  // the EP's: CUDA scratch space, the CPU kernel's biased Q/K/V copies
 };
 
 struct FusedAttentionOp : Ort::CustomOpBase<FusedAttentionOp, FusedAttentionKernel, /*WithStatus=*/true> {

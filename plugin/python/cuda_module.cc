@@ -175,11 +175,39 @@ void strides3(const View& v, const char* name, int64_t out[3]) {
 
 struct Prepared {
   View in[5];
+  View bias[3];  // q_bias, k_bias, v_bias
   opsfuse::AttentionParams p;
 };
 
+// The optional per-tensor biases (the ONNX op's qkv_bias, split): (heads * head size,) of Q's type.
+struct Biases {
+  py::handle q, k, v;
+};
+
+void read_biases(Prepared& pr, const Biases& b, int64_t stream) {
+  static const char* const kNames[3] = {"q_bias", "k_bias", "v_bias"};
+  const py::handle handles[3] = {b.q, b.k, b.v};
+  opsfuse::AttentionParams& p = pr.p;
+  const int64_t want[3] = {p.heads_q * p.head_dim, p.heads_kv * p.head_dim, p.heads_kv * p.head_dim_v};
+  const void** ptr[3] = {&p.q_bias, &p.k_bias, &p.v_bias};
+  for (int i = 0; i < 3; ++i) {
+    View& bv = pr.bias[i];
+    read_view(handles[i], kNames[i], stream, bv);
+    if (!bv.present) continue;
+    opsfuse::Message os;
+    if (bv.shape.size() != 1 || bv.shape[0] != want[i]) {
+      os << kNames[i] << " must have shape (" << want[i] << ",) (heads x head size), got rank "
+         << static_cast<int64_t>(bv.shape.size()) << (bv.shape.size() == 1 ? " of length " + std::to_string(bv.shape[0]) : "");
+      invalid(os.str());
+    }
+    if (bv.type != pr.in[0].type) invalid(std::string(kNames[i]) + " must have the element type of Q");
+    if (bv.shape[0] > 1 && bv.strides[0] != 1) invalid(std::string(kNames[i]) + " must be contiguous");
+    *ptr[i] = bv.data;
+  }
+}
+
 void prepare(Prepared& pr, py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
-             std::optional<float> scale, int64_t is_causal, float softcap, int64_t stream) {
+             std::optional<float> scale, int64_t is_causal, float softcap, const Biases& biases, int64_t stream) {
   read_view(q, "Q", stream, pr.in[0]);
   read_view(k, "K", stream, pr.in[1]);
   read_view(v, "V", stream, pr.in[2]);
@@ -198,7 +226,7 @@ void prepare(Prepared& pr, py::handle q, py::handle k, py::handle v, py::handle 
        << "; pass a (B, S, H*D) tensor as its (B, H, S, D) view";
     invalid(os.str());
   }
-  opsfuse::TensorDesc desc[5];
+  opsfuse::TensorDesc desc[opsfuse::contract::kNumInputs];  // qkv_bias: the ONNX input, not this module's
   for (int i = 0; i < 5; ++i) {
     desc[i].present = pr.in[i].present;
     desc[i].type = pr.in[i].type;
@@ -229,20 +257,21 @@ void prepare(Prepared& pr, py::handle q, py::handle k, py::handle v, py::handle 
     if (pr.in[4].shape[0] > 1 && pr.in[4].strides[0] != 1) invalid("key_lengths must be contiguous");
     p.key_lengths = pr.in[4].data;
   }
+  read_biases(pr, biases, stream);
 }
 
 int64_t workspace_size_impl(py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
-                          std::optional<float> scale, int64_t is_causal, float softcap) {
+                          std::optional<float> scale, int64_t is_causal, float softcap, const Biases& biases) {
   Prepared pr;
-  prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, -1);
+  prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, biases, -1);
   return static_cast<int64_t>(opsfuse::cuda::workspace_size(pr.p));
 }
 
 void fused_attention_impl(py::handle q, py::handle k, py::handle v, py::handle y, py::handle mask, py::handle kl,
-                        std::optional<float> scale, int64_t is_causal, float softcap, uintptr_t workspace,
-                        int64_t workspace_bytes, int64_t stream, int device) {
+                        std::optional<float> scale, int64_t is_causal, float softcap, const Biases& biases,
+                        uintptr_t workspace, int64_t workspace_bytes, int64_t stream, int device) {
   Prepared pr;
-  prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, stream);
+  prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, biases, stream);
   View out;
   read_view(y, "Y", stream, out);
   // 4-D form only: this module takes no head counts, so 3-D inputs already failed in prepare().
@@ -298,15 +327,20 @@ py::tuple guarded(Fn&& fn) {
 }
 
 py::tuple py_workspace_size(py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
-                            std::optional<float> scale, int64_t is_causal, float softcap) {
-  return guarded([&] { return py::int_(workspace_size_impl(q, k, v, mask, kl, scale, is_causal, softcap)); });
+                            std::optional<float> scale, int64_t is_causal, float softcap, py::handle q_bias,
+                            py::handle k_bias, py::handle v_bias) {
+  return guarded([&] {
+    return py::int_(workspace_size_impl(q, k, v, mask, kl, scale, is_causal, softcap, {q_bias, k_bias, v_bias}));
+  });
 }
 
 py::tuple py_fused_attention(py::handle q, py::handle k, py::handle v, py::handle y, py::handle mask, py::handle kl,
                              std::optional<float> scale, int64_t is_causal, float softcap, uintptr_t workspace,
-                             int64_t workspace_bytes, int64_t stream, int device) {
+                             int64_t workspace_bytes, int64_t stream, int device, py::handle q_bias,
+                             py::handle k_bias, py::handle v_bias) {
   return guarded([&] {
-    fused_attention_impl(q, k, v, y, mask, kl, scale, is_causal, softcap, workspace, workspace_bytes, stream, device);
+    fused_attention_impl(q, k, v, y, mask, kl, scale, is_causal, softcap, {q_bias, k_bias, v_bias}, workspace,
+                         workspace_bytes, stream, device);
     return py::object(py::none());
   });
 }
@@ -317,13 +351,15 @@ PYBIND11_MODULE(_cuda, m) {
   m.doc() = "opsfuse CUDA FusedAttention launcher (use opsfuse.cuda.fused_attention)";
   m.def("workspace_size", &py_workspace_size, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("attn_mask") = py::none(), py::arg("key_lengths") = py::none(), py::arg("scale") = py::none(),
-        py::arg("is_causal") = 0, py::arg("softcap") = 0.0f,
+        py::arg("is_causal") = 0, py::arg("softcap") = 0.0f, py::arg("q_bias") = py::none(),
+        py::arg("k_bias") = py::none(), py::arg("v_bias") = py::none(),
         "(code, message, bytes): the device workspace fused_attention needs (0: none). code 0: ok, 1: invalid "
         "argument, 2: unsupported, 3: device error.");
   m.def("fused_attention", &py_fused_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("y"),
         py::arg("attn_mask") = py::none(), py::arg("key_lengths") = py::none(), py::arg("scale") = py::none(),
         py::arg("is_causal") = 0, py::arg("softcap") = 0.0f, py::arg("workspace") = 0,
         py::arg("workspace_bytes") = 0, py::arg("stream") = 0, py::arg("device") = -1,
+        py::arg("q_bias") = py::none(), py::arg("k_bias") = py::none(), py::arg("v_bias") = py::none(),
         "Enqueues FusedAttention on `stream` (a cudaStream_t as int) of CUDA device `device`, writing into the "
         "preallocated y; `workspace` is a device pointer (int) to workspace_bytes bytes. Returns (code, message, "
         "None) as workspace_size does.");

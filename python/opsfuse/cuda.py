@@ -84,19 +84,21 @@ def _check(result):
     raise RuntimeError(message)
 
 
-def workspace_size(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0) -> int:
-    """Bytes of device scratch the launch needs (split-KV partial results); 0 when none."""
+def workspace_size(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0, *,
+                   q_bias=None, k_bias=None, v_bias=None) -> int:
+    """Bytes of device scratch the launch needs (split-KV partial results, biased copies); 0 when none."""
     scale = None if scale is None else float(scale)
     return int(_check(_module().workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal),
-                                               float(softcap))))
+                                               float(softcap), q_bias, k_bias, v_bias)))
 
 
 def fused_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0, *,
-                    out=None, stream=None):
+                    q_bias=None, k_bias=None, v_bias=None, out=None, stream=None):
     """FusedAttention of CUDA tensors q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv):
     returns y (B, Hq, Sq, Dv) of q's dtype (float32, float16 or bfloat16). `attn_mask`: bool or
     q's dtype, broadcastable to (B, Hq, Sq, Sk); `key_lengths`: int32/int64 (B,). `out`: an
-    optional preallocated output; `stream`: a cudaStream_t as int (default: the framework's current
+    optional preallocated output; `q_bias` (Hq*D,), `k_bias` (Hkv*D,), `v_bias` (Hkv*Dv,): optional
+    biases of q's dtype added to Q, K, V per head and column (the ONNX op's qkv_bias, split); `stream`: a cudaStream_t as int (default: the framework's current
     stream). Raises ValueError for inputs outside the contract, RuntimeError for device errors."""
     m = _module()
     fw = _framework(q)
@@ -108,7 +110,8 @@ def fused_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_ca
     if out is None:
         out = _empty(fw, q, y_shape)
     scale = None if scale is None else float(scale)
-    ws_bytes = int(_check(m.workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal), float(softcap))))
+    ws_bytes = int(_check(m.workspace_size(q, k, v, attn_mask, key_lengths, scale, int(is_causal), float(softcap),
+                                           q_bias, k_bias, v_bias)))
     workspace = None
     ws_ptr = 0
     if ws_bytes > 0:
@@ -125,5 +128,5 @@ def fused_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_ca
     device = q.device.index if fw == "torch" else q.device.id
     device = -1 if device is None else int(device)
     _check(m.fused_attention(q, k, v, out, attn_mask, key_lengths, scale, int(is_causal), float(softcap), ws_ptr,
-                             int(ws_bytes), int(stream), device))
+                             int(ws_bytes), int(stream), device, q_bias, k_bias, v_bias))
     return out

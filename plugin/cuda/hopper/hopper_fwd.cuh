@@ -220,6 +220,13 @@ __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
   }
 }
 
+// One register of two 16-bit values -> two floats (the low half first).
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t r) {
+  if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&r));
+  else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r));
+}
+
 // One pair of mask elements (column c = kCol of a tile row, and c + 1) into `v` when c < rem (the
 // pair's first element is below the caller's key limit), else v = 0; the second element is read
 // whether or not it is below the limit (the scoring and the class vote ignore keys past it): it is
@@ -1012,9 +1019,68 @@ __global__ void __launch_bounds__(kThreads, 1)
     // in the loop: 21.7 / 26.7 -> 22.0 / 26.1 and the seed shapes 1-3 % slower, so it keeps its copy.
     constexpr bool kFirstInLoop = kMode != kPlain;
     if (n_tiles > 0) class_load(t_begin);  // pair masks: voted on after the Q wait
+    // Q's bias (a.q_bias, bias_fold.h): added to this warpgroup's 64 rows of the Q tile in place,
+    // once per item, before any S product reads it (16-byte chunks: the swizzle moves chunks, so
+    // chunk k of row r sits at k ^ (r % 8); generic-proxy stores, then a proxy fence for wgmma and
+    // the warpgroup's barrier). Q then holds round_T(q + b), as the graph's Add computed it. Rows
+    // past Sq (zero-filled) get the bias too and are never stored; columns past D get none.
+    // A thread's chunks are t, t + 128, ...: all in one column group (128 is a multiple of the
+    // kRegions * 8 chunks of a row), so its 8 bias values are loaded once, before the Q wait, whose
+    // latency they share (loaded inside the rolled loop, session 16's first version, they were on the
+    // critical path of every item, 4 x 8 loads in sequence).
+    const bool add_q_bias = a.q_bias != nullptr && n_tiles > 0;
+    // V's bias (a.v_bias): this thread's output columns' values as T pairs, loaded while the item's
+    // last P V product runs (D = 64) or in the epilogue, and added there.
+    uint32_t vb_pair[kD / 8];
+    bool vb_loaded = false;
+    auto load_v_bias = [&]() {
+      const unsigned short* vb = static_cast<const unsigned short*>(a.v_bias) + (h / a.group) * a.head_dim_v;
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        const int c = i * 8 + 2 * (lane % 4);
+        const uint32_t lo = c < a.head_dim_v ? vb[c] : 0u;
+        const uint32_t hi = c + 1 < a.head_dim_v ? vb[c + 1] : 0u;
+        vb_pair[i] = lo | (hi << 16);
+      }
+      vb_loaded = true;
+    };
+    constexpr int kRowChunks = kRegions * 8;
+    const int qb_col = ((t % kRowChunks) / 8) * 64 + (t % 8) * 8;
+    uint32_t qb_pair[4];
+    if (add_q_bias) {
+      const unsigned short* qb = static_cast<const unsigned short*>(a.q_bias) + h * a.head_dim + qb_col;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t lo = qb_col + 2 * e < a.head_dim ? qb[2 * e] : 0u;
+        const uint32_t hi = qb_col + 2 * e + 1 < a.head_dim ? qb[2 * e + 1] : 0u;
+        qb_pair[e] = lo | (hi << 16);
+      }
+    }
     mbar_wait(bar_q(round), q_parity(round));
     OPSFUSE_HOPPER_STAMP(1);  // Q is in
     __syncwarp();
+    if (add_q_bias) {
+#pragma unroll 1
+      for (int c = t; c < 64 * kRowChunks; c += 128) {
+        const int r = c / kRowChunks, lc = c % kRowChunks;
+        const uint32_t addr = q_off + (lc / 8) * (kBM * 128) + r * 128 + (((lc % 8) ^ (r % 8)) << 4);
+        uint32_t x[4];
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                     : "r"(addr));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 v = unpack2<T>(x[e]), bias = unpack2<T>(qb_pair[e]);
+          x[e] = pack2<T>(v.x + bias.x, v.y + bias.y);
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x[0]), "r"(x[1]), "r"(x[2]),
+                     "r"(x[3])
+                     : "memory");
+      }
+      fence_proxy_async_smem();
+      if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+      else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+    }
     // Q is released (for the item kQBuffers rounds later) after the item's last S = Q K^T.
     if (n_tiles == 0 && lane == 0) mbar_arrive(bar_qempty(round));
     if (n_tiles > 0) {
@@ -1115,6 +1181,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv(last, p);
       wgmma_commit();
       turn_pass(true);
+      // V's bias while the product runs (D = 64: at 128 and 256 the 16 / 32 registers spilled).
+      if constexpr (kD == 64) {
+        if (a.v_bias != nullptr) load_v_bias();
+      }
       wgmma_wait<0>();
       reg_fence(o);
       OPSFUSE_HOPPER_STAMP(5);  // the last P V product is done
@@ -1261,6 +1331,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       return l;
     };
     auto inverse = [](float l) { return l > 0.0f ? rcp_approx(l) : 0.0f; };
+    // V's bias (a.v_bias): O / l + b = (O + l b) / l, so it goes into the unnormalized O here and
+    // both stores below stay as they are; a fully masked row (l = 0) stays 0.
+    if (a.v_bias != nullptr) {
+      if (!vb_loaded) load_v_bias();
+      const float l0 = row_sum(0), l1 = row_sum(1);
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        const float2 bias = unpack2<T>(vb_pair[i]);
+        o[i * 4 + 0] = fmaf(l0, bias.x, o[i * 4 + 0]);
+        o[i * 4 + 1] = fmaf(l0, bias.y, o[i * 4 + 1]);
+        o[i * 4 + 2] = fmaf(l1, bias.x, o[i * 4 + 2]);
+        o[i * 4 + 3] = fmaf(l1, bias.y, o[i * 4 + 3]);
+      }
+    }
     if (Cfg::kOStage && tma_store) {
       // Through shared memory: each warpgroup writes its 64 rows into the output tile in the TMA
       // box layout (128-byte rows, 16-byte chunk k of row r at chunk k ^ (r % 8): the swizzle, which

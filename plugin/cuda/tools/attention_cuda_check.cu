@@ -1,6 +1,6 @@
 // attention_cuda_check: runs the CUDA launcher on a representative set of cases (every dtype, mask
 // kind, key_lengths, both causal modes, softcap, GQA, odd sizes, D != Dv, split-KV decode, fully
-// masked rows) against a float64 host reference, with NaN-poisoned outputs. Small on purpose: it
+// masked rows, Q/K/V biases) against a float64 host reference, with NaN-poisoned outputs. Small on purpose: it
 // is the program compute-sanitizer runs (memcheck, racecheck) in scripts/gpu_run.sh.
 // Exit code 0 when every case is within tolerance, 1 otherwise.
 //
@@ -59,6 +59,8 @@ struct Case {
                     // last round split by keys in clusters of 2, wherever it fits)
   int stream_k = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_STREAM_K=1 (a persistent grid sharing
                      // (row tile, key tile) units, cut items merged through the workspace)
+  int bias = 0;      // 1: random Q, K and V biases (AttentionParams::q_bias ...; the reference adds
+                     // them exactly), which the Hopper kernel adds itself and the others read as copies
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -108,6 +110,18 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream, int repeats
   for (size_t i = 0; i < nq; ++i) q[i] = store_elem(c.dtype, hq.data(), i, nd(rng));
   for (size_t i = 0; i < nk; ++i) k[i] = store_elem(c.dtype, hk.data(), i, nd(rng));
   for (size_t i = 0; i < nv; ++i) v[i] = store_elem(c.dtype, hv.data(), i, nd(rng));
+  // Biases (c.bias): (H * D,) per tensor, added to the reference's inputs in float64.
+  const size_t nbq = c.bias ? size_t(c.Hq) * c.D : 0, nbk = c.bias ? size_t(c.Hkv) * c.D : 0,
+               nbv = c.bias ? size_t(c.Hkv) * c.Dv : 0;
+  std::vector<uint8_t> hbq(nbq * es), hbk(nbk * es), hbv(nbv * es);
+  auto add_bias = [&](std::vector<double>& x, std::vector<uint8_t>& hb, size_t nb, int heads, int seq, int dim) {
+    std::vector<double> b(nb);
+    for (size_t i = 0; i < nb; ++i) b[i] = store_elem(c.dtype, hb.data(), i, nd(rng));
+    for (size_t i = 0; nb && i < x.size(); ++i) x[i] += b[(i / (size_t(seq) * dim)) % heads * dim + i % dim];
+  };
+  add_bias(q, hbq, nbq, c.Hq, c.Sq, c.D);
+  add_bias(k, hbk, nbk, c.Hkv, c.Sk, c.D);
+  add_bias(v, hbv, nbv, c.Hkv, c.Sk, c.Dv);
 
   // Mask viewed as (B, Hq, Sq, Sk) through strides.
   int64_t ms[4] = {0, 0, 0, 0};
@@ -188,7 +202,12 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream, int repeats
           for (int d = 0; d < c.Dv; ++d) out[d] += s[j] / den * v[((size_t(b) * c.Hkv + hk) * c.Sk + j) * c.Dv + d];
       }
 
-  void *dq, *dk, *dv, *dy, *dm = nullptr, *dl = nullptr, *ws = nullptr;
+  void *dq, *dk, *dv, *dy, *dm = nullptr, *dl = nullptr, *ws = nullptr, *dbias[3] = {nullptr, nullptr, nullptr};
+  const std::vector<uint8_t>* hbias[3] = {&hbq, &hbk, &hbv};
+  for (int i = 0; i < 3 && c.bias; ++i) {
+    CHECK_CUDA(cudaMalloc(&dbias[i], hbias[i]->size()));
+    CHECK_CUDA(cudaMemcpy(dbias[i], hbias[i]->data(), hbias[i]->size(), cudaMemcpyHostToDevice));
+  }
   CHECK_CUDA(cudaMalloc(&dq, hq.size() + 16));
   CHECK_CUDA(cudaMalloc(&dk, hk.size() + 16));
   CHECK_CUDA(cudaMalloc(&dv, hv.size() + 16));
@@ -213,6 +232,7 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream, int repeats
   AttentionParams p;
   p.q = dq, p.k = dk, p.v = dv, p.y = dy, p.mask = dm, p.key_lengths = dl;
   p.key_lengths_int64 = c.key_lengths == 64;
+  p.q_bias = dbias[0], p.k_bias = dbias[1], p.v_bias = dbias[2];
   p.dtype = c.dtype;
   p.mask_kind = c.mask;
   p.batch = c.B, p.heads_q = c.Hq, p.heads_kv = c.Hkv, p.seq_q = c.Sq, p.seq_k = c.Sk;
@@ -266,6 +286,8 @@ bool run_case(const Case& c, std::mt19937& rng, cudaStream_t stream, int repeats
   if (dm) cudaFree(dm);
   if (dl) cudaFree(dl);
   if (ws) cudaFree(ws);
+  for (void* b : dbias)
+    if (b) cudaFree(b);
   return all_ok;
 }
 
@@ -455,6 +477,10 @@ int main(int argc, char** argv) {
       {"bf16 floorpad decode gqa4 d128", BF, 6, 8, 2, 1, 1025, 128, 128, 0, 0.f, MA, 5, 0},
       {"f32 floorpad decode d64", F, 6, 4, 4, 1, 777, 64, 64, 0, 0.f, MA, 5, 0},
       {"bf16 prefill split 8x4096", BF, 1, 1, 1, 8, 4096, 128, 128, 0, 0.f, N, 0, 0},
+      // Q/K/V biases read as biased copies (bias_fold.h): mma.sync prefill, float32, split decode.
+      {"f16 bias causal2 gqa2 d80", H, 2, 4, 2, 97, 150, 80, 80, 2, 0.f, MA, 2, 0, 0, 0, 0, 0, 1},
+      {"f32 bias kl32 d64", F, 3, 2, 1, 70, 129, 64, 64, 0, 0.f, N, 0, 32, 0, 0, 0, 0, 1},
+      {"bf16 bias decode split gqa4 d128", BF, 2, 8, 2, 1, 1500, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 1},
   };
   // Cases for the Hopper kernel (float16 / bfloat16; D and Dv <= 128 up to the D = 256 block at the
   // end; D = 40 / Dv = 80 and D = 96
@@ -567,6 +593,17 @@ int main(int argc, char** argv) {
       {"hop bf16 d200/256 persistent addpad gqa3", BF, 3, 9, 3, 520, 400, 200, 256, 0, 0.f, MA, 3, 0},
       {"hop f16 d256 persistent causal1 kl64", H, 2, 8, 4, 600, 600, 256, 256, 1, 0.f, N, 0, 64, 1},
       {"hop bf16 d256 split2 tail ignored", BF, 1, 12, 12, 300, 700, 256, 256, 0, 0.f, N, 0, 0, 0, 2, 1},
+      // Q/K/V biases, added by the kernel (Q's into its tile, V's in the epilogue of every schedule,
+      // K's left out) -- except softcap with K's bias, which reads biased copies (bias_fold.h):
+      // BERT's padded shape, a persistent causal grid with key_lengths, key splits, the tail split,
+      // stream-K, D = 256 with Dv != D.
+      {"hop f16 d64 bias addpad 512", H, 6, 12, 12, 512, 512, 64, 64, 0, 0.f, MA, 3, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d128 bias persistent causal1 kl32", BF, 3, 10, 5, 600, 400, 128, 128, 1, 0.f, N, 0, 32, 1, 0, 0, 0, 1},
+      {"hop f16 d64 bias softcap boolmask", H, 2, 4, 2, 257, 520, 64, 64, 0, 30.f, MB, 4, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d40/80 bias split2 causal2", H, 2, 4, 2, 130, 520, 40, 80, 2, 0.f, MA, 2, 0, 0, 2, 0, 0, 1},
+      {"hop f16 d64 bias tail 140x64", H, 2, 70, 14, 64, 130, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 1, 0, 1},
+      {"hop f16 d64 bias streamk short items", H, 3, 5, 5, 1100, 300, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 1, 1},
+      {"hop bf16 d256/200 bias causal2 gqa2", BF, 2, 4, 2, 130, 260, 256, 200, 2, 0.f, MB, 4, 32, 0, 0, 0, 0, 1},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -580,7 +617,8 @@ int main(int argc, char** argv) {
   // --stress NAME N: the Hopper pass of one case N times on the same data (races that show rarely).
   const bool stress = argc > 3 && std::strcmp(argv[1], "--stress") == 0;
   for (const Case& c : cases) {
-    if (stress || (quick && n >= 6)) break;
+    if (stress) break;
+    if (quick && n >= 6 && !c.bias) continue;  // --quick: the first six and the bias cases
     ++n;
     failed += run_case(c, rng, stream) ? 0 : 1;
   }
@@ -595,12 +633,15 @@ int main(int argc, char** argv) {
   const bool hopper_expected = false;
 #endif
   // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
-  // key-split cases, a classified padding mask and a small tail split (140 short items); the other
-  // persistent-grid cases are too large for racecheck's pace.
+  // key-split cases, a classified padding mask, a small tail split (140 short items) and three
+  // bias cases (key splits, the tail split, softcap's biased copies); the other persistent-grid
+  // cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
-                                "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64"};
+                                "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64",
+                                "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
+                                "hop f16 d64 bias softcap boolmask"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
