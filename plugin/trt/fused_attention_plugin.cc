@@ -34,7 +34,8 @@ namespace {
 
 bool is_value_type(DataType t) { return t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16; }
 
-// Fills the five TensorDescs of shape_check.h from TensorRT's per-input dims and types.
+// Fills the TensorDescs of shape_check.h (one per contract input; those past nb_inputs absent)
+// from TensorRT's per-input dims and types.
 template <typename GetDims, typename GetType>
 void make_descs(int32_t nb_inputs, GetDims dims_of, GetType type_of, TensorDesc (&descs)[contract::kNumInputs]) {
   for (int32_t i = 0; i < contract::kNumInputs; ++i) {
@@ -70,6 +71,12 @@ std::string check_ranks(int32_t q, int32_t k, int32_t v) {
   return std::string();
 }
 
+// The same words as check_inputs_and_fill's, for the checks made before shapes are known.
+std::string qkv_bias_without_packed() {
+  return "qkv_bias is given, but attribute packed_qkv is not 1: the bias belongs to the packed (B, S, "
+         "(q_num_heads + 2*kv_num_heads)*D) projection";
+}
+
 std::string fmt_float(float v) {
   std::ostringstream os;
   os.precision(9);
@@ -103,7 +110,8 @@ void FusedAttentionPlugin::report(const std::string& what) const noexcept {
 std::string FusedAttentionPlugin::check_io_count(int32_t nb_inputs, int32_t nb_outputs) const {
   std::ostringstream os;
   if (nb_inputs < contract::kNumRequiredInputs || nb_inputs > contract::kNumInputs) {
-    os << "expects 3 to 5 inputs (Q, K, V, optional attn_mask, optional key_lengths), got " << nb_inputs;
+    os << "expects 3 to 6 inputs (Q, K, V, optional attn_mask, optional key_lengths, optional qkv_bias), got "
+       << nb_inputs;
   } else if (nb_outputs != 1) {
     os << "has exactly one output (Y), got " << nb_outputs;
   }
@@ -257,6 +265,22 @@ std::string FusedAttentionPlugin::packed_output_shape(const DimsExprs& q, const 
   return std::string();
 }
 
+// qkv_bias: only with packed_qkv = 1, rank 1, and (when both are build-time constants) as long as
+// Q's packed last dimension W = (Hq + 2*Hkv)*D. Its element type is negotiated in
+// supportsFormatCombination; the rest is check_inputs_and_fill's at onShapeChange / enqueue.
+std::string FusedAttentionPlugin::check_qkv_bias_expr(const DimsExprs& bias, const DimsExprs& q) const {
+  if (attrs_.packed_qkv != 1) return qkv_bias_without_packed();
+  if (bias.nbDims != 1) {
+    return "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,), got rank " + std::to_string(bias.nbDims);
+  }
+  if (q.nbDims == contract::kPackedTensorRank && known_to_differ(bias.d[0], q.d[2])) {
+    return "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,) = (" +
+           std::to_string(q.d[2]->getConstantValue()) + ",), the packed last dimension of Q, got (" +
+           std::to_string(bias.d[0]->getConstantValue()) + ",)";
+  }
+  return std::string();
+}
+
 // Packed Q/K/V: the three inputs are one (B, S, W) shape (normally one tensor three times), W a
 // multiple of Hq + 2*Hkv; Y = (B, S, Hq * (W / (Hq + 2*Hkv))), an expression of Q's W.
 std::string FusedAttentionPlugin::packed_qkv_output_shape(const DimsExprs& q, const DimsExprs& k, const DimsExprs& v,
@@ -319,6 +343,13 @@ int32_t FusedAttentionPlugin::getOutputShapes(const DimsExprs* inputs, int32_t n
       report("key_lengths must have shape (B,), got rank " + std::to_string(inputs[contract::kInputKeyLengths].nbDims));
       return -1;
     }
+    if (nb_inputs > contract::kInputQkvBias) {
+      err = check_qkv_bias_expr(inputs[contract::kInputQkvBias], inputs[contract::kInputQ]);
+      if (!err.empty()) {
+        report(err);
+        return -1;
+      }
+    }
     const DimsExprs& q = inputs[contract::kInputQ];
     const DimsExprs& k = inputs[contract::kInputK];
     const DimsExprs& v = inputs[contract::kInputV];
@@ -354,6 +385,7 @@ bool FusedAttentionPlugin::supportsFormatCombination(int32_t pos, const DynamicP
     if (pos == contract::kInputKeyLengths && pos < nb_inputs) {
       return d.type == DataType::kINT32 || d.type == DataType::kINT64;
     }
+    if (pos == contract::kInputQkvBias && pos < nb_inputs) return d.type == t;
     return d.type == t;  // Y
   } catch (...) {
     return false;
@@ -376,6 +408,18 @@ int32_t FusedAttentionPlugin::configurePlugin(const DynamicPluginTensorDesc* in,
       if (err.empty()) {
         err = check_ranks(in[contract::kInputQ].desc.dims.nbDims, in[contract::kInputK].desc.dims.nbDims,
                           in[contract::kInputV].desc.dims.nbDims);
+      }
+      if (err.empty() && nb_inputs > contract::kInputQkvBias) {
+        const PluginTensorDesc& b = in[contract::kInputQkvBias].desc;
+        if (attrs_.packed_qkv != 1) {
+          err = qkv_bias_without_packed();
+        } else if (b.type != t) {
+          err = std::string("qkv_bias has element type ") + elem_type_name(to_elem_type(b.type)) +
+                "; it must be the type of Q (" + elem_type_name(to_elem_type(t)) + ")";
+        } else if (b.dims.nbDims != 1) {
+          err = "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,), got rank " +
+                std::to_string(b.dims.nbDims);
+        }
       }
     }
     if (!err.empty()) {
@@ -429,7 +473,9 @@ size_t FusedAttentionPlugin::getWorkspaceSize(const DynamicPluginTensorDesc* inp
       // No data exists at build time; present inputs get a placeholder address so the launcher
       // sees which optional inputs exist (it never dereferences them here).
       static const char kPlaceholder[16] = {};
-      set_qkv_pointers(attrs_, kPlaceholder, kPlaceholder, kPlaceholder, &p);  // packed windows: same offsets
+      // The bias placeholder makes the launcher count the bias path's scratch (biased copies).
+      const void* bias = nb_inputs > contract::kInputQkvBias ? kPlaceholder : nullptr;
+      set_qkv_pointers(attrs_, kPlaceholder, kPlaceholder, kPlaceholder, bias, &p);  // packed windows: same offsets
       p.y = const_cast<char*>(kPlaceholder);
       if (nb_inputs > contract::kInputMask) p.mask = kPlaceholder;
       if (nb_inputs > contract::kInputKeyLengths) p.key_lengths = kPlaceholder;
@@ -523,7 +569,8 @@ int32_t FusedAttentionPlugin::enqueue(const PluginTensorDesc* input_desc, const 
       return -1;
     }
     if (p.batch * p.heads_q * p.seq_q * p.head_dim_v == 0) return 0;  // empty output: nothing to write
-    set_qkv_pointers(attrs_, inputs[contract::kInputQ], inputs[contract::kInputK], inputs[contract::kInputV], &p);
+    set_qkv_pointers(attrs_, inputs[contract::kInputQ], inputs[contract::kInputK], inputs[contract::kInputV],
+                     nb_inputs_ > contract::kInputQkvBias ? inputs[contract::kInputQkvBias] : nullptr, &p);
     p.mask = nb_inputs_ > contract::kInputMask ? inputs[contract::kInputMask] : nullptr;
     p.key_lengths = nb_inputs_ > contract::kInputKeyLengths ? inputs[contract::kInputKeyLengths] : nullptr;
     p.y = outputs[contract::kOutputY];

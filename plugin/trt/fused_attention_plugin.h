@@ -80,9 +80,12 @@ class FusedAttentionPlugin final : public nvinfer1::IPluginV3,
                                       const nvinfer1::DimsExprs& v, nvinfer1::IExprBuilder& expr_builder,
                                       nvinfer1::DimsExprs* y) const;
 
+  // The optional qkv_bias (input 5) at build time: packed_qkv = 1, rank 1, Q's packed width.
+  std::string check_qkv_bias_expr(const nvinfer1::DimsExprs& bias, const nvinfer1::DimsExprs& q) const;
+
   std::string node_name_;
   AttentionAttributes attrs_;
-  // Number of inputs (3 to 5) seen by configurePlugin / onShapeChange; enqueue does not receive it.
+  // Number of inputs (3 to 6) seen by configurePlugin / onShapeChange; enqueue does not receive it.
   int32_t nb_inputs_ = 0;
   // Largest getWorkspaceSize() answer (build phase), or the serialized one (runtime); -1 unknown.
   // enqueue refuses a launch needing more than this instead of overrunning TensorRT's buffer.

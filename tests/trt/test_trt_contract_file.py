@@ -30,6 +30,16 @@ def test_inputs_outputs():
     assert SPEC["inputs"][contract.INPUT_KEY_LENGTHS]["types"] == ["int32", "int64"]
 
 
+def test_qkv_bias():
+    bias = SPEC["inputs"][contract.INPUT_QKV_BIAS]
+    assert bias["name"] == "qkv_bias" and bias["optional"]
+    assert bias["types"] == ["same as Q"]
+    assert bias["shape"] == ["(Hq+2*Hkv)*D"]
+    assert "packed_qkv = 1" in bias["requires"]
+    # Positional inputs: TensorRT cannot skip the two before it (empty names are null tensors).
+    assert "attn_mask" in bias["requires"] and "key_lengths" in bias["requires"]
+
+
 def test_attributes_and_limits():
     attrs = {a["name"]: a for a in SPEC["attributes"]}
     assert set(attrs) == {contract.ATTR_SCALE, contract.ATTR_IS_CAUSAL, contract.ATTR_SOFTCAP,

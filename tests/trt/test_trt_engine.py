@@ -1,8 +1,9 @@
 """End to end through a real TensorRT engine (skipped where TensorRT is not installed, which is
 every machine opsfuse is built and tested on so far): the ONNX parser finds the plugin from the
 node the rewrite emits, Polygraphy's TrtRunner builds and runs the engine, and the output meets
-the 2x rule against the float64 reference and agrees with the Triton golden kernel; the library
-registers through each loading path; a rewritten real model passes ``python -m opsfuse check --trt``."""
+the 2x rule against the float64 reference and agrees with the Triton golden kernel; a packed node
+with the qkv_bias input (a weight of the model) meets the 2x rule too; the library registers
+through each loading path; a rewritten real model passes ``python -m opsfuse check --trt``."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import numpy as np
 import onnx
 import pytest
 
-from accuracy import assert_within_2x_torch, random_inputs
-from ort_helpers import fused_attention_model
+from accuracy import assert_within_2x_torch, max_abs_error, random_inputs, torch_attention
+from ort_helpers import ONNX_TYPE, fused_attention_model
 from opsfuse import contract
+from opsfuse.reference import attention_reference
 from trt_artifacts import REPO, find_library, not_built_reason
 
 # Only the tensorrt marker, so that where TensorRT is missing the skip says so; the GPU is
@@ -102,6 +104,81 @@ def test_engine_matches_reference_and_golden(plugin_library, tmp_path, dtype, di
 
     golden = attention_numpy(q, k, v, device="cuda", **kw)
     assert_within_2x_torch(golden, q, k, v, what="Triton golden", **kw)
+
+
+def packed_bias_model(dtype, bias: np.ndarray, mask_dtype, mask_rank: int, kl_dtype, **attrs) -> onnx.ModelProto:
+    """One packed node as the rewrite's pack_qkv emits it with the projection's bias absorbed: the
+    input P (B, S, (Hq + 2*Hkv)*D) bound as Q, K and V, then attn_mask, key_lengths and the bias,
+    an initializer (a weight of the model). attn_mask and key_lengths are real inputs: TensorRT's
+    parser passes empty names as null tensors (plugin/trt/README.md, Known issues)."""
+    from onnx import helper
+
+    elem = ONNX_TYPE[np.dtype(dtype)]
+    inputs = [helper.make_tensor_value_info("P", elem, ["b", "s", "w"]),
+              helper.make_tensor_value_info("attn_mask", ONNX_TYPE[np.dtype(mask_dtype)],
+                                            [f"m{i}" for i in range(mask_rank)]),
+              helper.make_tensor_value_info("key_lengths", ONNX_TYPE[np.dtype(kl_dtype)], ["b"])]
+    # Raw bytes: numpy_helper cannot write bfloat16 (ml_dtypes) arrays.
+    weight = helper.make_tensor("qkv_bias", elem, list(bias.shape), vals=np.ascontiguousarray(bias).tobytes(), raw=True)
+    node = helper.make_node(contract.OP_NAME, ["P", "P", "P", "attn_mask", "key_lengths", "qkv_bias"], ["Y"],
+                            domain=contract.DOMAIN, name="packed_bias0", packed_qkv=1, **attrs)
+    graph = helper.make_graph([node], "fused_attention_packed_bias", inputs,
+                              [helper.make_tensor_value_info("Y", elem, ["b", "s", "hq_d"])], initializer=[weight])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(contract.DOMAIN, contract.OP_VERSION)])
+    model.ir_version = 10
+    return model
+
+
+def assert_packed_bias_within_2x(y, packed, bias, mask, lengths, hq, hkv, attrs, what):
+    """The 2x rule for a packed node with qkv_bias: against the float64 reference (the exact sum
+    P + bias), with PyTorch's yardstick computed on what the graph's Add gave it (the float32 sum
+    rounded to T) at T's precision."""
+    dtype = np.dtype(packed.dtype)
+    kw = dict(scale=attrs.get("scale"), is_causal=attrs.get("is_causal", 0), softcap=attrs.get("softcap", 0.0))
+    ref = attention_reference(packed, packed, packed, mask, lengths, **kw, q_num_heads=hq, kv_num_heads=hkv,
+                              packed_qkv=1, qkv_bias=bias)
+    b, s, width = packed.shape
+    d = width // (hq + 2 * hkv)
+    added = (packed.astype(np.float32) + bias.astype(np.float32)).astype(dtype)
+
+    def heads(x, h):  # (B, S, H*D) -> (B, H, S, D)
+        return x.reshape(b, s, h, d).transpose(0, 2, 1, 3)
+
+    q, k, v = np.split(added, [hq * d, (hq + hkv) * d], axis=-1)
+    torch_out = torch_attention(heads(q, hq), heads(k, hkv), heads(v, hkv), mask, lengths, **kw)
+    torch_err = max_abs_error(torch_out.transpose(0, 2, 1, 3).reshape(ref.shape), ref)
+    assert y.shape == ref.shape, f"{what}: shape {y.shape}, expected {ref.shape}"
+    err = max_abs_error(y, ref)
+    # The rounding floor of accuracy.assert_within_2x_torch: 4 ulps for float32, half an ulp otherwise.
+    ulps = 4.0 if dtype == np.float32 else 0.5
+    floor = ulps * float(ml_dtypes.finfo(dtype).eps) * max(1.0, float(np.abs(ref).max()))
+    assert err <= 2 * torch_err + floor, (
+        f"{what}: max abs error {err:.3g} > 2 x PyTorch's {torch_err:.3g} + {floor:.2g}")
+
+
+PACKED_BIAS_CASES = [
+    # dtype, (B, Hq, Hkv, S, D), mask dtype, key_lengths dtype, bias scale, attributes
+    (np.float16, (2, 4, 2, 130, 64), np.bool_, np.int32, 1.0, {}),
+    (ml_dtypes.bfloat16, (2, 2, 2, 257, 128), ml_dtypes.bfloat16, np.int64, 8.0, {"softcap": 30.0}),
+]
+
+
+@pytest.mark.parametrize("dtype,dims,mask_dtype,kl_dtype,bias_scale,attrs", PACKED_BIAS_CASES,
+                         ids=["fp16_gqa_bool", "bf16_softcap_add"])
+def test_engine_packed_qkv_bias(plugin_library, tmp_path, dtype, dims, mask_dtype, kl_dtype, bias_scale, attrs):
+    b, hq, hkv, s, d = dims
+    width = (hq + 2 * hkv) * d
+    rng = np.random.default_rng(11)
+    packed = rng.standard_normal((b, s, width)).astype(dtype)
+    bias = (bias_scale * rng.standard_normal(width)).astype(dtype)
+    mask = rng.random((b, 1, 1, s)) < 0.8 if mask_dtype == np.bool_ else rng.standard_normal((s, s)).astype(dtype)
+    lengths = rng.integers(1, s + 1, size=b).astype(kl_dtype)
+    lengths[0], lengths[1] = s, 0  # a fully padded row: zeros, not V's bias
+    attrs = {contract.ATTR_Q_NUM_HEADS: hq, contract.ATTR_KV_NUM_HEADS: hkv, **attrs}
+    model = packed_bias_model(dtype, bias, mask_dtype, mask.ndim, kl_dtype, **attrs, **PLUGIN_ATTRS)
+    y = _run_engine(model, {"P": packed, "attn_mask": mask, "key_lengths": lengths}, plugin_library, tmp_path)
+    assert_packed_bias_within_2x(y, packed, bias, mask, lengths, hq, hkv, attrs, "TensorRT engine (packed, qkv_bias)")
 
 
 LOAD_PATHS = {

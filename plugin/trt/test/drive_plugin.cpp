@@ -15,6 +15,9 @@
 //   getFieldsToSerialize -> deep copy -> createPlugin(kRUNTIME) -> attachToContext
 //   onShapeChange(runtime shape, smaller than the profile's max), enqueue on a non-default stream
 //   into a NaN-poisoned output; compare with a float64 CPU reference.
+// Cases cover the 4-D form and packed Q/K/V (packed_qkv = 1: one (B, S, (Hq + 2*Hkv)*D) tensor bound
+// as Q, K and V), the latter also with the optional qkv_bias input (index 5; the reference adds it
+// exactly, the baseline as the graph's Add would: float32 sum rounded to the element type).
 // Tolerance ("2x rule" style): max |kernel - ref64| <= 2 * max |baseline - ref64| + a rounding
 // floor (tests/accuracy.py's: 0.5 ulp of max |ref| for float16 / bfloat16, 4 ulps for float32), where the baseline is attention computed on the CPU at the kernel's precision
 // the way a framework does it (float32 arithmetic, scores / probabilities / output rounded to
@@ -330,6 +333,11 @@ struct Case {
   float scale;
   int32_t is_causal;
   float softcap;
+  // packed_qkv = 1: Q, K, V are one (B, S, (Hq + 2*Hkv)*D) tensor bound three times (Sq == Sk,
+  // Dv == D). bias_scale > 0 adds qkv_bias, standard normal values times bias_scale; TensorRT
+  // cannot pass the empty names before it, so such cases also have attn_mask and key_lengths.
+  bool packed = false;
+  float bias_scale = 0.0f;
 };
 
 struct HostData {
@@ -337,6 +345,7 @@ struct HostData {
   std::vector<float> mask_add;        // additive mask values (element type), mask_shape layout
   std::vector<uint8_t> mask_bool;     // bool mask, mask_shape layout
   std::vector<int64_t> key_lengths;   // (B,)
+  std::vector<float> bias;            // qkv_bias ((Hq + 2*Hkv)*D,): Q's heads, then K's, then V's; or empty
 };
 
 // Index of mask element (b, h, i, j) under broadcasting.
@@ -368,23 +377,40 @@ std::vector<double> attention(const Case& c, const HostData& d, bool low) {
   std::vector<double> s(static_cast<size_t>(c.Sk));
   std::vector<char> visible(static_cast<size_t>(c.Sk));
   auto rnd = [&](double x) -> double { return low ? static_cast<double>(round_to(t, static_cast<float>(x))) : x; };
+  // Q, K, V as the contract defines them: with qkv_bias, x + the bias of x's column of the packed
+  // row (tensor (B, heads, S, width) here, its window starting `offset` columns into the row).
+  // The reference takes the exact sum; the baseline the graph's Add: float32, rounded to T.
+  auto biased = [&](const std::vector<float>& x, int64_t heads, int64_t seq, int64_t width, int64_t offset) {
+    std::vector<double> out(x.begin(), x.end());
+    if (d.bias.empty()) return out;
+    for (size_t n = 0; n < x.size(); ++n) {
+      const int64_t e = static_cast<int64_t>(n) % width;
+      const int64_t h = (static_cast<int64_t>(n) / (seq * width)) % heads;
+      const float b = d.bias[static_cast<size_t>(offset + h * width + e)];
+      out[n] = low ? static_cast<double>(round_to(t, x[n] + b)) : static_cast<double>(x[n]) + b;
+    }
+    return out;
+  };
+  const std::vector<double> q = biased(d.q, c.Hq, c.Sq, c.D, 0);
+  const std::vector<double> k = biased(d.k, c.Hkv, c.Sk, c.D, c.Hq * c.D);
+  const std::vector<double> v = biased(d.v, c.Hkv, c.Sk, c.Dv, (c.Hq + c.Hkv) * c.D);
   for (int64_t b = 0; b < c.B; ++b) {
     for (int64_t h = 0; h < c.Hq; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < c.Sq; ++i) {
-        const float* qrow = &d.q[static_cast<size_t>(((b * c.Hq + h) * c.Sq + i) * c.D)];
+        const double* qrow = &q[static_cast<size_t>(((b * c.Hq + h) * c.Sq + i) * c.D)];
         bool any = false;
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < c.Sk; ++j) {
-          const float* krow = &d.k[static_cast<size_t>(((b * c.Hkv + hk) * c.Sk + j) * c.D)];
+          const double* krow = &k[static_cast<size_t>(((b * c.Hkv + hk) * c.Sk + j) * c.D)];
           double dot;
           if (low) {
             float acc = 0.0f;
-            for (int64_t e = 0; e < c.D; ++e) acc += qrow[e] * krow[e];
+            for (int64_t e = 0; e < c.D; ++e) acc += static_cast<float>(qrow[e]) * static_cast<float>(krow[e]);
             dot = rnd(rnd(acc) * static_cast<float>(scale));
           } else {
             double acc = 0.0;
-            for (int64_t e = 0; e < c.D; ++e) acc += static_cast<double>(qrow[e]) * krow[e];
+            for (int64_t e = 0; e < c.D; ++e) acc += qrow[e] * krow[e];
             dot = acc * scale;
           }
           if (c.softcap > 0.0f) dot = rnd(c.softcap * std::tanh(dot / c.softcap));
@@ -413,7 +439,7 @@ std::vector<double> attention(const Case& c, const HostData& d, bool low) {
         for (int64_t j = 0; j < c.Sk; ++j) {
           if (!visible[static_cast<size_t>(j)]) continue;
           const double p = rnd(s[static_cast<size_t>(j)] / denom);
-          const float* vrow = &d.v[static_cast<size_t>(((b * c.Hkv + hk) * c.Sk + j) * c.Dv)];
+          const double* vrow = &v[static_cast<size_t>(((b * c.Hkv + hk) * c.Sk + j) * c.Dv)];
           for (int64_t e = 0; e < c.Dv; ++e) yrow[e] += p * vrow[e];
         }
         if (low) {
@@ -451,9 +477,36 @@ HostData make_data(const Case& c, uint64_t seed) {
     d.key_lengths.resize(static_cast<size_t>(c.B));
     for (auto& l : d.key_lengths) l = len(rng);
     d.key_lengths[0] = c.Sk;                   // one full row
-    if (c.B > 1) d.key_lengths[1] = 0;         // one row fully padded: zeros, never NaN
+    if (c.B > 1) d.key_lengths[1] = 0;         // one row fully padded: zeros (not V's bias), never NaN
+  }
+  if (c.bias_scale > 0.0f) {  // drawn last: the other inputs stay those of the same case without a bias
+    d.bias.resize(static_cast<size_t>((c.Hq + 2 * c.Hkv) * c.D));
+    for (auto& x : d.bias) x = round_to(c.dtype, c.bias_scale * normal(rng));
   }
   return d;
+}
+
+// The packed (B, S, (Hq + 2*Hkv)*D) tensor whose column windows are the (B, H, S, D) Q, K and V.
+std::vector<float> pack_qkv(const Case& c, const HostData& d) {
+  const int64_t width = (c.Hq + 2 * c.Hkv) * c.D, S = c.Sq;
+  std::vector<float> out(static_cast<size_t>(c.B * S * width));
+  const struct {
+    const std::vector<float>* x;
+    int64_t heads, offset;
+  } parts[3] = {{&d.q, c.Hq, 0}, {&d.k, c.Hkv, c.Hq * c.D}, {&d.v, c.Hkv, (c.Hq + c.Hkv) * c.D}};
+  for (const auto& part : parts) {
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t h = 0; h < part.heads; ++h) {
+        for (int64_t i = 0; i < S; ++i) {
+          for (int64_t e = 0; e < c.D; ++e) {
+            out[static_cast<size_t>((b * S + i) * width + part.offset + h * c.D + e)] =
+                (*part.x)[static_cast<size_t>(((b * part.heads + h) * S + i) * c.D + e)];
+          }
+        }
+      }
+    }
+  }
+  return out;
 }
 
 // ------------------------------------------------------------------ plugin plumbing helpers
@@ -469,12 +522,23 @@ struct Fields {
   float scale = 0.0f;
   int32_t is_causal = 0;
   float softcap = 0.0f;
+  int32_t q_num_heads = 0, kv_num_heads = 0, packed_qkv = 1;
   std::vector<PluginField> list;
   PluginFieldCollection fc{};
-  explicit Fields(const Case& c) : scale(c.scale), is_causal(c.is_causal), softcap(c.softcap) {
+  explicit Fields(const Case& c)
+      : scale(c.scale),
+        is_causal(c.is_causal),
+        softcap(c.softcap),
+        q_num_heads(static_cast<int32_t>(c.Hq)),
+        kv_num_heads(static_cast<int32_t>(c.Hkv)) {
     if (c.has_scale) list.emplace_back("scale", &scale, PluginFieldType::kFLOAT32, 1);
     list.emplace_back("is_causal", &is_causal, PluginFieldType::kINT32, 1);
     list.emplace_back("softcap", &softcap, PluginFieldType::kFLOAT32, 1);
+    if (c.packed) {
+      list.emplace_back("q_num_heads", &q_num_heads, PluginFieldType::kINT32, 1);
+      list.emplace_back("kv_num_heads", &kv_num_heads, PluginFieldType::kINT32, 1);
+      list.emplace_back("packed_qkv", &packed_qkv, PluginFieldType::kINT32, 1);
+    }
     fc.nbFields = static_cast<int32_t>(list.size());
     fc.fields = list.data();
   }
@@ -532,23 +596,34 @@ struct Shapes {  // runtime shapes of the inputs present, in node order
   std::vector<int64_t> out;
 };
 
+int64_t packed_width(const Case& c) { return (c.Hq + 2 * c.Hkv) * c.D; }
+
 Shapes shapes_of(const Case& c) {
   Shapes s;
-  s.in.push_back({c.B, c.Hq, c.Sq, c.D});
-  s.in.push_back({c.B, c.Hkv, c.Sk, c.D});
-  s.in.push_back({c.B, c.Hkv, c.Sk, c.Dv});
+  if (c.packed) {
+    for (int i = 0; i < 3; ++i) s.in.push_back({c.B, c.Sq, packed_width(c)});
+  } else {
+    s.in.push_back({c.B, c.Hq, c.Sq, c.D});
+    s.in.push_back({c.B, c.Hkv, c.Sk, c.D});
+    s.in.push_back({c.B, c.Hkv, c.Sk, c.Dv});
+  }
   s.types = {c.dtype, c.dtype, c.dtype};
-  if (c.mask != MaskKind::kNone || c.key_lengths != DataType::kFLOAT) {
-    // key_lengths without a mask is not expressible through TensorRT (see the README), so every
-    // key_lengths case here also has a mask.
+  const bool bias = c.bias_scale > 0.0f;
+  if (c.mask != MaskKind::kNone || c.key_lengths != DataType::kFLOAT || bias) {
+    // An optional input is expressible through TensorRT only with those before it (empty names
+    // are null tensors, see the README), so the cases with key_lengths or qkv_bias have a mask.
     s.in.push_back(c.mask_shape);
     s.types.push_back(c.mask == MaskKind::kBool ? DataType::kBOOL : c.dtype);
   }
-  if (c.key_lengths != DataType::kFLOAT) {
+  if (c.key_lengths != DataType::kFLOAT || bias) {
     s.in.push_back({c.B});
     s.types.push_back(c.key_lengths);
   }
-  s.out = {c.B, c.Hq, c.Sq, c.Dv};
+  if (bias) {
+    s.in.push_back({packed_width(c)});
+    s.types.push_back(c.dtype);
+  }
+  s.out = c.packed ? std::vector<int64_t>{c.B, c.Sq, c.Hq * c.Dv} : std::vector<int64_t>{c.B, c.Hq, c.Sq, c.Dv};
   return s;
 }
 
@@ -562,8 +637,9 @@ Dims to_dims(const std::vector<int64_t>& v) {
 // Which dimensions of input `i` the "network" declares dynamic (-1): batch and sequence lengths.
 bool is_dynamic(size_t input, size_t axis, const std::vector<int64_t>& shape) {
   const size_t rank = shape.size();
-  if (input <= 2) return axis == 0 || axis == 2;
+  if (input <= 2) return axis == 0 || axis == (rank == 3 ? 1u : 2u);  // (B, S, H*D) or (B, H, S, D)
   if (input == 4) return true;  // key_lengths (B,)
+  if (input == 5) return false;  // qkv_bias: a weight of the model
   // mask: dims that equal B / Sq / Sk and are not broadcast 1s
   const size_t full_axis = 4 - rank + axis;
   if (shape[axis] == 1) return false;
@@ -638,13 +714,16 @@ bool cuda_ok(cudaError_t e, const char* what) {
 }
 
 void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
+  char bias[32] = "none";
+  if (c.bias_scale > 0.0f) std::snprintf(bias, sizeof(bias), "normal x %g", c.bias_scale);
   std::printf("case %s: %s B=%lld Hq=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld Dv=%lld mask=%s key_lengths=%s "
-              "scale=%s is_causal=%d softcap=%g\n",
+              "scale=%s is_causal=%d softcap=%g packed_qkv=%d qkv_bias=%s\n",
               c.name.c_str(), type_name(c.dtype), (long long)c.B, (long long)c.Hq, (long long)c.Hkv,
               (long long)c.Sq, (long long)c.Sk, (long long)c.D, (long long)c.Dv,
               c.mask == MaskKind::kNone ? "none" : (c.mask == MaskKind::kBool ? "bool" : "additive"),
               c.key_lengths == DataType::kFLOAT ? "none" : type_name(c.key_lengths),
-              c.has_scale ? std::to_string(c.scale).c_str() : "default", c.is_causal, c.softcap);
+              c.has_scale ? std::to_string(c.scale).c_str() : "default", c.is_causal, c.softcap, c.packed ? 1 : 0,
+              bias);
   const size_t failures_before = static_cast<size_t>(g_failures);
   const std::string node = "node_" + c.name;
   const Shapes sh = shapes_of(c);
@@ -679,7 +758,13 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
   DimsExprs out_expr{};
   const int32_t rc = bc.build->getOutputShapes(in_exprs.data(), nb_in, nullptr, 0, &out_expr, 1, eb);
   check(rc == 0, "getOutputShapes returns 0");
-  if (rc == 0) {
+  if (rc == 0 && c.packed) {
+    // Q's packed width is a build-time constant, so Hq * (W / (Hq + 2*Hkv)) folds to Hq*D.
+    const std::string got = describe(out_expr.d[0]) + "," + describe(out_expr.d[1]) + "," + describe(out_expr.d[2]);
+    const std::string want = "in0.d0,in0.d1," + std::to_string(c.Hq * c.D);
+    check(out_expr.nbDims == 3 && got == want,
+          "output shape expressions (B, S, Hq*D) = (" + want + "), got (" + got + ")");
+  } else if (rc == 0) {
     const std::string got = describe(out_expr.d[0]) + "," + describe(out_expr.d[1]) + "," +
                             describe(out_expr.d[2]) + "," + describe(out_expr.d[3]);
     const std::string want = "in0.d0," + std::to_string(c.Hq) + ",in0.d2," + std::to_string(c.Dv);
@@ -713,7 +798,7 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
     } else if (pos == 4 && pos < sh.in.size()) {
       expect(DataType::kINT32), expect(DataType::kINT64);
     } else {
-      expect(c.dtype);  // K, V, Y tied to Q
+      expect(c.dtype);  // K, V, qkv_bias, Y tied to Q
     }
     check(accepted == expected, "supportsFormatCombination at position " + std::to_string(pos) +
                                     " accepts exactly the contract's linear types");
@@ -737,12 +822,18 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
   }
   {
     const int64_t bmax = c.B * 2, sqmax = c.Sq * 2;
-    out_desc[0].desc.dims = to_dims({-1, c.Hq, -1, c.Dv});
     out_desc[0].desc.type = c.dtype;
     out_desc[0].desc.format = TensorFormat::kLINEAR;
-    out_desc[0].min = to_dims({1, c.Hq, 1, c.Dv});
     out_desc[0].opt = to_dims(sh.out);
-    out_desc[0].max = to_dims({bmax, c.Hq, sqmax, c.Dv});
+    if (c.packed) {
+      out_desc[0].desc.dims = to_dims({-1, -1, c.Hq * c.Dv});
+      out_desc[0].min = to_dims({1, 1, c.Hq * c.Dv});
+      out_desc[0].max = to_dims({bmax, sqmax, c.Hq * c.Dv});
+    } else {
+      out_desc[0].desc.dims = to_dims({-1, c.Hq, -1, c.Dv});
+      out_desc[0].min = to_dims({1, c.Hq, 1, c.Dv});
+      out_desc[0].max = to_dims({bmax, c.Hq, sqmax, c.Dv});
+    }
   }
   check(bc.build->configurePlugin(in_desc.data(), nb_in, out_desc.data(), 1) == 0, "configurePlugin returns 0");
   const size_t workspace_bytes = bc.build->getWorkspaceSize(in_desc.data(), nb_in, out_desc.data(), 1);
@@ -776,6 +867,19 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
     check(f->type == PluginFieldType::kFLOAT32 && v == c.softcap, "serialized softcap value");
   } else {
     check(false, "softcap serialized");
+  }
+  for (const char* name : {"q_num_heads", "kv_num_heads", "packed_qkv"}) {
+    const PluginField* f = ser.find(name);
+    if (!c.packed) {
+      check(f == nullptr, std::string("'") + name + "' not serialized when not given");
+      continue;
+    }
+    int32_t v = -1;
+    if (f != nullptr) std::memcpy(&v, f->data, 4);
+    const int64_t want =
+        std::strcmp(name, "q_num_heads") == 0 ? c.Hq : (std::strcmp(name, "kv_num_heads") == 0 ? c.Hkv : 1);
+    check(f != nullptr && f->type == PluginFieldType::kINT32 && v == want,
+          std::string("serialized ") + name + " value");
   }
   if (const PluginField* f = ser.find("workspace_bytes")) {
     int64_t v = -1;
@@ -820,9 +924,15 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
   // 8. enqueue on a stream into a NaN-poisoned output
   const HostData host = make_data(c, seed);
   std::vector<std::vector<uint8_t>> bytes;
-  bytes.push_back(encode(c.dtype, host.q));
-  bytes.push_back(encode(c.dtype, host.k));
-  bytes.push_back(encode(c.dtype, host.v));
+  if (c.packed) {  // one tensor bound as Q, K and V (below), as the rewrite's node does
+    bytes.push_back(encode(c.dtype, pack_qkv(c, host)));
+    bytes.emplace_back();
+    bytes.emplace_back();
+  } else {
+    bytes.push_back(encode(c.dtype, host.q));
+    bytes.push_back(encode(c.dtype, host.k));
+    bytes.push_back(encode(c.dtype, host.v));
+  }
   if (nb_in > 3) {
     if (c.mask == MaskKind::kBool) bytes.push_back(host.mask_bool);
     else bytes.push_back(encode(c.dtype, host.mask_add));
@@ -839,9 +949,14 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
     }
     bytes.push_back(kl);
   }
+  if (nb_in > 5) bytes.push_back(encode(c.dtype, host.bias));
   std::vector<DeviceBuffer> dev(sh.in.size());
   std::vector<const void*> in_ptrs(sh.in.size());
   for (size_t i = 0; i < sh.in.size(); ++i) {
+    if (c.packed && (i == 1 || i == 2)) {
+      in_ptrs[i] = in_ptrs[0];
+      continue;
+    }
     if (!cuda_ok(cudaMalloc(&dev[i].ptr, std::max<size_t>(bytes[i].size(), 1)), "cudaMalloc input")) return;
     if (!cuda_ok(cudaMemcpy(dev[i].ptr, bytes[i].data(), bytes[i].size(), cudaMemcpyHostToDevice), "copy input")) return;
     in_ptrs[i] = dev[i].ptr;
@@ -861,7 +976,20 @@ void run_case(Library& lib, const Case& c, bool gpu, uint64_t seed) {
   if (!enq_ok) return;
   std::vector<uint8_t> y_host(y_bytes);
   if (!cuda_ok(cudaMemcpy(y_host.data(), y.ptr, y_bytes, cudaMemcpyDeviceToHost), "copy Y back")) return;
-  const std::vector<float> got = decode(c.dtype, y_host);
+  std::vector<float> got = decode(c.dtype, y_host);
+  if (c.packed) {  // (B, S, Hq*Dv) -> the reference's (B, Hq, S, Dv)
+    const std::vector<float> rows = got;
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t h = 0; h < c.Hq; ++h) {
+        for (int64_t i = 0; i < c.Sq; ++i) {
+          for (int64_t e = 0; e < c.Dv; ++e) {
+            got[static_cast<size_t>(((b * c.Hq + h) * c.Sq + i) * c.Dv + e)] =
+                rows[static_cast<size_t>((b * c.Sq + i) * c.Hq * c.Dv + h * c.Dv + e)];
+          }
+        }
+      }
+    }
+  }
 
   // 9. compare with the float64 reference, against the precision baseline
   const std::vector<double> ref = attention(c, host, /*low=*/false);
@@ -985,7 +1113,7 @@ void run_negative(Library& lib) {
               log.has_error(mark, {"FusedAttention", "head size"}),
           "getOutputShapes: D of Q (64) != D of K (32) rejected");
     const size_t mark2 = log.messages.size();
-    check(c.build->getOutputShapes(in, 2, nullptr, 0, &out, 1, eb) != 0 && log.has_error(mark2, {"3 to 5 inputs"}),
+    check(c.build->getOutputShapes(in, 2, nullptr, 0, &out, 1, eb) != 0 && log.has_error(mark2, {"3 to 6 inputs"}),
           "getOutputShapes: 2 inputs rejected");
   }
   {
@@ -1023,6 +1151,144 @@ void run_negative(Library& lib) {
     io[0].desc.format = TensorFormat::kLINEAR;
     check(!c.build->supportsFormatCombination(0, io, 3, 1), "int32 Q refused");
     check(!c.build->supportsFormatCombination(7, io, 3, 1), "position out of range refused");
+  }
+}
+
+// qkv_bias (input 5): allowed only with packed_qkv = 1, of Q's type and shape ((Hq + 2*Hkv)*D,);
+// each violation reported through the logger, naming the input, at build time and at run time.
+void run_negative_qkv_bias(Library& lib) {
+  std::printf("negative checks: qkv_bias\n");
+  CapturingLogger& log = lib.finder.logger;
+  const int32_t hq = 2, hkv = 1, one = 1;
+  const int64_t B = 2, S = 8, D = 16, W = (hq + 2 * hkv) * D;
+  std::vector<PluginField> packed_fields = {PluginField("q_num_heads", &hq, PluginFieldType::kINT32, 1),
+                                            PluginField("kv_num_heads", &hkv, PluginFieldType::kINT32, 1),
+                                            PluginField("packed_qkv", &one, PluginFieldType::kINT32, 1)};
+  PluginFieldCollection packed_fc{static_cast<int32_t>(packed_fields.size()), packed_fields.data()};
+  PluginFieldCollection plain_fc{0, nullptr};
+  std::unique_ptr<IPluginV3> packed(lib.creator->createPlugin("bias_node", &packed_fc, TensorRTPhase::kBUILD));
+  std::unique_ptr<IPluginV3> plain(lib.creator->createPlugin("plain_node", &plain_fc, TensorRTPhase::kBUILD));
+  if (!check(packed != nullptr && plain != nullptr, "createPlugin for the qkv_bias checks")) return;
+  const Caps pc = caps_of(packed.get()), nc = caps_of(plain.get());
+
+  // Six inputs: Q, K, V (packed (B, S, W) or 4-D), a bool mask (1, 1), int32 key_lengths (B,), the bias.
+  auto shapes = [&](bool packed_form, int64_t bias_len) {
+    std::vector<std::vector<int64_t>> v;
+    for (int i = 0; i < 3; ++i) {
+      v.push_back(packed_form ? std::vector<int64_t>{B, S, W} : std::vector<int64_t>{B, hq, S, D});
+    }
+    v.push_back({1, 1});
+    v.push_back({B});
+    v.push_back({bias_len});
+    return v;
+  };
+  auto exprs = [&](const std::vector<std::vector<int64_t>>& v, FakeExprBuilder& eb) {
+    std::vector<DimsExprs> e(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      e[i].nbDims = static_cast<int32_t>(v[i].size());
+      for (size_t a = 0; a < v[i].size(); ++a) e[i].d[a] = eb.constant(v[i][a]);
+    }
+    return e;
+  };
+  auto descs = [&](const std::vector<std::vector<int64_t>>& v, DataType bias_type) {
+    std::vector<PluginTensorDesc> d(v.size());
+    const DataType types[6] = {DataType::kHALF, DataType::kHALF, DataType::kHALF, DataType::kBOOL, DataType::kINT32,
+                               bias_type};
+    for (size_t i = 0; i < v.size(); ++i) {
+      d[i].dims = to_dims(v[i]);
+      d[i].type = types[i];
+      d[i].format = TensorFormat::kLINEAR;
+      d[i].scale = -1.0f;
+    }
+    return d;
+  };
+  PluginTensorDesc out[1]{};
+  out[0].type = DataType::kHALF;
+  out[0].format = TensorFormat::kLINEAR;
+  FakeExprBuilder eb;
+  DimsExprs out_expr{};
+
+  {  // without packed_qkv: build time (getOutputShapes, configurePlugin) and run time (onShapeChange)
+    const auto v = shapes(false, W);
+    std::vector<DimsExprs> e = exprs(v, eb);
+    size_t mark = log.messages.size();
+    check(nc.build->getOutputShapes(e.data(), 6, nullptr, 0, &out_expr, 1, eb) != 0 &&
+              log.has_error(mark, {"FusedAttention", "plain_node", "qkv_bias", "packed_qkv"}),
+          "getOutputShapes: qkv_bias without packed_qkv rejected");
+    std::vector<DynamicPluginTensorDesc> dyn(6), dyn_out(1);
+    const std::vector<PluginTensorDesc> d = descs(v, DataType::kHALF);
+    for (size_t i = 0; i < 6; ++i) dyn[i].desc = d[i];
+    dyn_out[0].desc = out[0];
+    dyn_out[0].desc.dims = to_dims({B, hq, S, D});
+    mark = log.messages.size();
+    check(nc.build->configurePlugin(dyn.data(), 6, dyn_out.data(), 1) != 0 &&
+              log.has_error(mark, {"FusedAttention", "qkv_bias", "packed_qkv"}),
+          "configurePlugin: qkv_bias without packed_qkv rejected");
+    out[0].dims = to_dims({B, hq, S, D});
+    mark = log.messages.size();
+    check(nc.runtime->onShapeChange(d.data(), 6, out, 1) != 0 &&
+              log.has_error(mark, {"FusedAttention", "qkv_bias", "packed_qkv"}),
+          "onShapeChange: qkv_bias without packed_qkv rejected");
+  }
+  out[0].dims = to_dims({B, S, hq * D});
+  {  // packed: the bias's rank and length, at build time
+    std::vector<DimsExprs> e = exprs(shapes(true, W - 1), eb);
+    size_t mark = log.messages.size();
+    check(pc.build->getOutputShapes(e.data(), 6, nullptr, 0, &out_expr, 1, eb) != 0 &&
+              log.has_error(mark, {"FusedAttention", "qkv_bias", "shape", std::to_string(W).c_str()}),
+          "getOutputShapes: qkv_bias of length W - 1 rejected");
+    e[5].nbDims = 2;
+    e[5].d[1] = eb.constant(1);
+    mark = log.messages.size();
+    check(pc.build->getOutputShapes(e.data(), 6, nullptr, 0, &out_expr, 1, eb) != 0 &&
+              log.has_error(mark, {"FusedAttention", "qkv_bias", "rank"}),
+          "getOutputShapes: qkv_bias of rank 2 rejected");
+    e = exprs(shapes(true, W), eb);
+    check(pc.build->getOutputShapes(e.data(), 6, nullptr, 0, &out_expr, 1, eb) == 0 && out_expr.nbDims == 3 &&
+              describe(out_expr.d[2]) == std::to_string(hq * D),
+          "getOutputShapes: a valid qkv_bias leaves Y = (B, S, Hq*D)");
+    std::vector<DimsExprs> seven = exprs(shapes(true, W), eb);
+    seven.push_back(seven[5]);
+    mark = log.messages.size();
+    check(pc.build->getOutputShapes(seven.data(), 7, nullptr, 0, &out_expr, 1, eb) != 0 &&
+              log.has_error(mark, {"3 to 6 inputs"}),
+          "getOutputShapes: 7 inputs rejected");
+  }
+  {  // packed: format negotiation ties the bias to Q's type
+    std::vector<DynamicPluginTensorDesc> io(7);
+    for (auto& x : io) {
+      x.desc.type = DataType::kHALF;
+      x.desc.format = TensorFormat::kLINEAR;
+    }
+    io[3].desc.type = DataType::kBOOL;
+    io[4].desc.type = DataType::kINT32;
+    check(pc.build->supportsFormatCombination(5, io.data(), 6, 1), "float16 qkv_bias with float16 Q accepted");
+    io[5].desc.type = DataType::kFLOAT;
+    check(!pc.build->supportsFormatCombination(5, io.data(), 6, 1), "float32 qkv_bias with float16 Q refused");
+    io[5].desc.type = DataType::kHALF;
+    io[5].desc.format = TensorFormat::kHWC8;
+    check(!pc.build->supportsFormatCombination(5, io.data(), 6, 1), "non-linear qkv_bias refused");
+  }
+  {  // packed: run time (onShapeChange, enqueue) with the real shapes
+    std::vector<PluginTensorDesc> d = descs(shapes(true, W - 1), DataType::kHALF);
+    size_t mark = log.messages.size();
+    check(pc.runtime->onShapeChange(d.data(), 6, out, 1) != 0 &&
+              log.has_error(mark, {"FusedAttention", "qkv_bias", "shape", std::to_string(W).c_str()}),
+          "onShapeChange: qkv_bias of length W - 1 rejected");
+    d = descs(shapes(true, W), DataType::kFLOAT);
+    mark = log.messages.size();
+    check(pc.runtime->onShapeChange(d.data(), 6, out, 1) != 0 &&
+              log.has_error(mark, {"FusedAttention", "qkv_bias", "element type", "float32"}),
+          "onShapeChange: float32 qkv_bias with float16 Q rejected");
+    d = descs(shapes(true, W), DataType::kHALF);
+    check(pc.runtime->onShapeChange(d.data(), 6, out, 1) == 0, "onShapeChange: a valid qkv_bias accepted");
+    d[5].dims = to_dims({W + hq});  // between onShapeChange and enqueue: refused before any launch
+    const void* ins[6] = {};
+    void* outs[1] = {nullptr};
+    mark = log.messages.size();
+    check(pc.runtime->enqueue(d.data(), out, ins, outs, nullptr, nullptr) != 0 &&
+              log.has_error(mark, {"FusedAttention", "qkv_bias", "shape"}),
+          "enqueue: qkv_bias of the wrong length rejected before any launch");
   }
 }
 
@@ -1078,10 +1344,22 @@ int main(int argc, char** argv) {
        1, 0},
       {"f16_additive_lowerright_d80", DataType::kHALF, 2, 4, 4, 5, 97, 80, 80, MaskKind::kAdditive, {2, 4, 5, 97},
        kNoKL, false, 0, 2, 50.0f},
+      // Packed Q/K/V (one tensor bound three times); with qkv_bias (six inputs), the fully padded
+      // row of key_lengths must stay zeros rather than V's bias. float16 without softcap is the
+      // Hopper kernel's own bias path on H100/H200; softcap with a K bias and float32 read biased copies.
+      {"f16_packed_gqa_causal_d64", DataType::kHALF, 2, 4, 2, 97, 97, 64, 64, MaskKind::kNone, {}, kNoKL, false, 0, 1,
+       0, true},
+      {"f16_packed_bias_gqa_d64", DataType::kHALF, 2, 4, 2, 130, 130, 64, 64, MaskKind::kBool, {2, 1, 1, 130},
+       DataType::kINT32, false, 0, 0, 0, true, 1.0f},
+      {"bf16_packed_bias_softcap_d128", DataType::kBF16, 2, 2, 2, 257, 257, 128, 128, MaskKind::kAdditive, {257, 257},
+       DataType::kINT64, false, 0, 0, 30.0f, true, 8.0f},
+      {"f32_packed_bias_mqa_causal_d40", DataType::kFLOAT, 2, 4, 1, 33, 33, 40, 40, MaskKind::kBool, {2, 1, 33, 33},
+       DataType::kINT32, true, 0.2f, 1, 0, true, 4.0f},
   };
   uint64_t seed = 1234;
   for (const Case& c : cases) run_case(lib, c, gpu, seed++);
   run_negative(lib);
+  run_negative_qkv_bias(lib);
   if (gpu) {
     check(g_workspace_refusals > 0, "some case exercised the workspace refusal (a shape needing split-KV scratch)");
   }
