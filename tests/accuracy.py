@@ -83,9 +83,11 @@ def max_abs_error(out, ref) -> float:
 
 
 def assert_within_2x_torch(out, q, k, v, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0,
-                           what: str = "kernel"):
-    """Asserts the 2x rule for `out`; returns (kernel error, torch error)."""
-    ref = attention_reference(q, k, v, attn_mask, key_lengths, scale, is_causal, softcap)
+                           what: str = "kernel", exact=None):
+    """Asserts the 2x rule for `out`; returns (kernel error, torch error). `exact`: float64 (q, k, v)
+    for the reference where the kernel's inputs are exact sums that q, k, v (PyTorch's inputs, in
+    the kernel's dtype) round, e.g. projections plus qkv_bias."""
+    ref = attention_reference(*(exact or (q, k, v)), attn_mask, key_lengths, scale, is_causal, softcap)
     assert out.shape == ref.shape, f"{what}: shape {out.shape}, expected {ref.shape}"
     out64 = np.asarray(out).astype(np.float64)
     assert not np.any(np.isnan(out64)), f"{what}: output has NaN"

@@ -22,6 +22,7 @@ PAIRS = {
     "kInputV": "INPUT_V",
     "kInputMask": "INPUT_MASK",
     "kInputKeyLengths": "INPUT_KEY_LENGTHS",
+    "kInputQkvBias": "INPUT_QKV_BIAS",
     "kNumRequiredInputs": "NUM_REQUIRED_INPUTS",
     "kNumInputs": "NUM_INPUTS",
     "kOutputY": "OUTPUT_Y",
@@ -74,3 +75,18 @@ def test_cpp_and_python_values_agree():
 def test_input_names_cover_every_input():
     assert len(contract.INPUT_NAMES) == contract.NUM_INPUTS
     assert contract.INPUT_NAMES[contract.INPUT_MASK] == "attn_mask"
+    assert contract.INPUT_NAMES[contract.INPUT_KEY_LENGTHS] == "key_lengths"
+    assert contract.INPUT_NAMES[contract.INPUT_QKV_BIAS] == "qkv_bias"
+    # Every optional input follows the required ones, each at its own index.
+    indices = [contract.INPUT_Q, contract.INPUT_K, contract.INPUT_V, contract.INPUT_MASK,
+               contract.INPUT_KEY_LENGTHS, contract.INPUT_QKV_BIAS]
+    assert indices == list(range(contract.NUM_INPUTS))
+
+
+def test_schema_declares_the_contract_inputs_in_order():
+    from opsfuse import schema
+
+    inputs = schema.build_schema().inputs
+    assert [p.name for p in inputs] == list(contract.INPUT_NAMES)
+    required = [p.option != p.option.Optional for p in inputs]
+    assert required == [i < contract.NUM_REQUIRED_INPUTS for i in range(contract.NUM_INPUTS)]

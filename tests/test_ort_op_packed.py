@@ -27,9 +27,10 @@ SEQS = [1, 7, 97]
 
 
 def packed_model(dtype, shared: bool, mask_dtype=None, mask_rank: int = 0, key_lengths_dtype=None,
-                 node_name: str = "packed0", **attrs) -> onnx.ModelProto:
+                 node_name: str = "packed0", bias_dtype=None, **attrs) -> onnx.ModelProto:
     """One FusedAttention node with packed_qkv = 1. shared: one graph input "P" feeds Q, K and V
-    (the rewrite's form); else three graph inputs "Q", "K", "V" of one symbolic shape."""
+    (the rewrite's form); else three graph inputs "Q", "K", "V" of one symbolic shape. bias_dtype:
+    a graph input "qkv_bias" of that type as input 5."""
     elem = ONNX_TYPE[np.dtype(dtype)]
     packed = ["b", "s", "w"]
     names = ["P", "P", "P"] if shared else ["Q", "K", "V"]
@@ -43,6 +44,10 @@ def packed_model(dtype, shared: bool, mask_dtype=None, mask_rank: int = 0, key_l
             names.append("")
         inputs.append(helper.make_tensor_value_info("key_lengths", ONNX_TYPE[np.dtype(key_lengths_dtype)], ["b"]))
         names.append("key_lengths")
+    if bias_dtype is not None:
+        names += [""] * (contract.INPUT_QKV_BIAS - len(names))
+        inputs.append(helper.make_tensor_value_info("qkv_bias", ONNX_TYPE[np.dtype(bias_dtype)], ["w"]))
+        names.append("qkv_bias")
     node = helper.make_node(contract.OP_NAME, names, ["Y"], domain=contract.DOMAIN, name=node_name,
                             **{contract.ATTR_PACKED_QKV: 1}, **attrs)
     graph = helper.make_graph([node], "packed", inputs, [helper.make_tensor_value_info("Y", elem, None)])
@@ -58,19 +63,23 @@ class PackedRunner:
     def __init__(self):
         self._sessions: dict = {}
 
-    def __call__(self, q, k=None, v=None, attn_mask=None, key_lengths=None, **attrs):
+    def __call__(self, q, k=None, v=None, attn_mask=None, key_lengths=None, qkv_bias=None, **attrs):
         shared = k is None
         mask_dtype = None if attn_mask is None else np.asarray(attn_mask).dtype
         mask_rank = 0 if attn_mask is None else np.asarray(attn_mask).ndim
         kl_dtype = None if key_lengths is None else np.asarray(key_lengths).dtype
-        key = (q.dtype, shared, mask_dtype, mask_rank, kl_dtype, tuple(sorted(attrs.items())))
+        bias_dtype = None if qkv_bias is None else qkv_bias.dtype
+        key = (q.dtype, shared, mask_dtype, mask_rank, kl_dtype, bias_dtype, tuple(sorted(attrs.items())))
         if key not in self._sessions:
-            self._sessions[key] = make_session(packed_model(q.dtype, shared, mask_dtype, mask_rank, kl_dtype, **attrs))
+            self._sessions[key] = make_session(packed_model(q.dtype, shared, mask_dtype, mask_rank, kl_dtype,
+                                                            bias_dtype=bias_dtype, **attrs))
         feeds = {"P": q} if shared else {"Q": q, "K": k, "V": v}
         if attn_mask is not None:
             feeds["attn_mask"] = attn_mask
         if key_lengths is not None:
             feeds["key_lengths"] = key_lengths
+        if qkv_bias is not None:
+            feeds["qkv_bias"] = qkv_bias
         return run_session(self._sessions[key], feeds, q.dtype)
 
 
@@ -196,6 +205,95 @@ def test_every_feature_at_once(packed, unpacked):
         lengths = np.array([97, 50], dtype=np.int64)
         check_packed(packed, unpacked, p, 6, 2, f"packed all features {np.dtype(dtype)}", attn_mask=mask,
                      key_lengths=lengths, is_causal=2, softcap=8.0, scale=0.2)
+
+
+# ---------------------------------------------------------------------------------------------
+# qkv_bias (input 5, docs/notes/contract_qkv_bias.md): the CPU kernel reads copies of the windows
+# with the bias added in float32 and rounded to T, as the graph's Add did; so it must equal, bit for
+# bit, the unpacked form on those rounded sums, and meet the 2x rule against the exact sums.
+
+def biased_windows(p, bias, hq, hkv):
+    """(rounded, exact): the Q, K, V windows of p + bias rounded to p's dtype (float32 sums, the
+    graph's Add), and the same sums in float64."""
+    windows = packed_qkv_windows(p, p, p, hq, hkv)
+    d = p.shape[2] // (hq + 2 * hkv)
+    cuts = np.cumsum([0, hq * d, hkv * d, hkv * d])
+    parts = [bias[cuts[i]:cuts[i + 1]] for i in range(3)]
+    rounded = tuple((w.astype(np.float32) + b.astype(np.float32)).astype(p.dtype) for w, b in zip(windows, parts))
+    exact = tuple(w.astype(np.float64) + b.astype(np.float64) for w, b in zip(windows, parts))
+    return rounded, exact
+
+
+def check_biased(packed, unpacked, p, bias, hq, hkv, what, **kwargs):
+    b, s, width = p.shape
+    d = width // (hq + 2 * hkv)
+    call = call_kwargs(kwargs, hq, hkv)
+    out = packed(p, qkv_bias=bias, **call)
+    assert out.shape == (b, s, hq * d), f"{what}: Y has shape {out.shape}"
+    rounded, exact = biased_windows(p, bias, hq, hkv)
+    heads = (hq, hkv, hkv)
+    assert_within_2x_torch(split_heads(out, hq), *(split_heads(w, h) for w, h in zip(rounded, heads)),
+                           **reference_kwargs(kwargs), what=what,
+                           exact=tuple(split_heads(w, h) for w, h in zip(exact, heads)))
+    out3 = unpacked(*(np.ascontiguousarray(w) for w in rounded), **call)
+    np.testing.assert_array_equal(out.view(np.uint8), out3.view(np.uint8),
+                                  err_msg=f"{what}: differs from the unpacked form on the rounded biased windows")
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("hq,hkv,d", [(6, 2, 40), (3, 3, 64), (4, 1, 80)], ids=["gqa", "mha", "mqa"])
+@pytest.mark.parametrize("bias_scale", [0.5, 100.0], ids=["small", "100x"])
+def test_qkv_bias(packed, unpacked, dtype, hq, hkv, d, bias_scale):
+    rng = np.random.default_rng()
+    for s in SEQS:
+        p = random_packed(rng, dtype, 2, s, hq, hkv, d)
+        bias = (bias_scale * rng.standard_normal((hq + 2 * hkv) * d)).astype(dtype)
+        # 100x biases make every score huge: a scale that keeps the softmax from being one-hot.
+        scale = 1.0 / (d * bias_scale) if bias_scale > 1 else None
+        check_biased(packed, unpacked, p, bias, hq, hkv, f"qkv_bias x{bias_scale} D={d} Hq={hq} Hkv={hkv} S={s}",
+                     scale=scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_qkv_bias_with_every_feature_and_fully_masked_rows(packed, unpacked, dtype):
+    rng = np.random.default_rng()
+    p = random_packed(rng, dtype, 3, 97, 6, 2, 80)
+    bias = rng.standard_normal(10 * 80).astype(dtype)
+    mask = rng.standard_normal((3, 1, 97, 97)).astype(dtype)
+    lengths = np.array([97, 50, 0], dtype=np.int64)  # batch 2: every key masked -> zeros, not V's bias
+    out = check_biased(packed, unpacked, p, bias, 6, 2, f"qkv_bias all features {np.dtype(dtype)}", attn_mask=mask,
+                       key_lengths=lengths, is_causal=2, softcap=8.0, scale=0.2)
+    assert not np.any(out[2].astype(np.float32)), "fully masked rows must be zeros"
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("unpacked", "packed_qkv is not 1"),
+    ("length", "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,) = (400,)"),
+    ("rank", "qkv_bias must have shape"),
+    ("dtype", "qkv_bias has element type float16; it must be the type of Q (float32)"),
+])
+def test_qkv_bias_errors_name_the_node(case, expected):
+    rng = np.random.default_rng()
+    p = rng.standard_normal((2, 5, 400)).astype(np.float32)
+    bias = rng.standard_normal(400).astype(np.float32)
+    attrs = {contract.ATTR_Q_NUM_HEADS: 6, contract.ATTR_KV_NUM_HEADS: 2}
+    if case == "unpacked":
+        model = packed_model(np.float32, True, node_name="biased", bias_dtype=np.float32, **attrs)
+        node = model.graph.node[0]
+        del node.attribute[:]
+        node.attribute.extend([helper.make_attribute(contract.ATTR_Q_NUM_HEADS, 10),
+                               helper.make_attribute(contract.ATTR_KV_NUM_HEADS, 10)])  # 3-D, not packed
+        feeds = {"P": p, "qkv_bias": bias}
+    else:
+        bias = {"length": bias[:-40], "rank": bias.reshape(4, 100), "dtype": bias.astype(np.float16)}[case]
+        model = packed_model(np.float32, True, node_name="biased", bias_dtype=bias.dtype, **attrs)
+        if case == "rank":
+            model.graph.input[-1].type.tensor_type.shape.dim.add().dim_param = "w2"
+        feeds = {"P": p, "qkv_bias": bias}
+    with pytest.raises(Exception) as info:
+        make_session(model).run(None, feeds)
+    assert "FusedAttention node 'biased'" in str(info.value) and expected in str(info.value), str(info.value)
 
 
 def test_reference_packed_equals_the_unpacked_windows():

@@ -535,3 +535,147 @@ def test_packed_qkv_bad_arguments_raise(shapes, heads, packed, match):
     q, k, v = (torch.randn(*s, device=DEVICE) for s in shapes)
     with pytest.raises(ValueError, match=f"FusedAttention: .*{match}"):
         ta.attention(q, k, v, q_num_heads=heads[0], kv_num_heads=heads[1], packed_qkv=packed)
+
+
+# --- qkv_bias (packed_qkv = 1): Q, K, V are the windows of P + qkv_bias -----------------------------
+
+
+def _packed_torch_attention(p, bias, hq, hkv, attn_mask=None, key_lengths=None, **attrs):
+    """PyTorch's baseline for a packed node with a bias: the graph's Add in T (P + bias rounded to T
+    once, as the Add qkv_bias replaces), the windows split into heads, then torch_attention in T."""
+    pb = p + bias
+    d = p.shape[2] // (hq + 2 * hkv)
+    q, k, v = pb[..., :hq * d], pb[..., hq * d:(hq + hkv) * d], pb[..., (hq + hkv) * d:]
+    y4 = torch_attention(_split(q, hq), _split(k, hkv), _split(v, hkv), attn_mask, key_lengths, **attrs)
+    return y4.transpose(1, 2).flatten(2)
+
+
+def check_packed_bias(p, bias, hq, hkv, attn_mask=None, key_lengths=None, scale=None, is_causal=0, softcap=0.0,
+                      **blocks):
+    """The packed kernel with qkv_bias into a NaN-poisoned output, held to the 2x-PyTorch rule against
+    the float64 reference (which sums P + bias exactly). The floor is float32 rounding at the
+    output's size (a 100x bias makes outputs ~100)."""
+    b, s, width = p.shape
+    d = width // (hq + 2 * hkv)
+    out = torch.full((b, s, hq * d), float("nan"), dtype=p.dtype, device=p.device)
+    attrs = dict(scale=scale, is_causal=is_causal, softcap=softcap)
+    y = ta.attention(p, p, p, attn_mask, key_lengths, out=out, q_num_heads=hq, kv_num_heads=hkv, packed_qkv=1,
+                     qkv_bias=bias, **attrs, **blocks)
+    assert y is out
+
+    def np64(t):
+        return None if t is None else t.detach().cpu().to(torch.float64 if t.is_floating_point() else t.dtype).numpy()
+
+    ref = attention_reference(np64(p), np64(p), np64(p), np64(attn_mask), np64(key_lengths), q_num_heads=hq,
+                              kv_num_heads=hkv, packed_qkv=1, qkv_bias=np64(bias), **attrs)
+    y64 = np64(y)
+    assert not np.isnan(y64).any(), "NaN in the Triton output (poisoned output not overwritten?)"
+    theirs = np64(_packed_torch_attention(p, bias, hq, hkv, attn_mask, key_lengths, **attrs))
+    err = float(np.abs(y64 - ref).max())
+    torch_err = float(np.nan_to_num(np.abs(theirs - ref), nan=np.inf).max())
+    tol = 2.0 * torch_err + ABS_FLOOR[p.dtype] * max(1.0, float(np.abs(ref).max()))
+    assert err <= tol, f"Triton error {err:.3e} > 2 x PyTorch error {torch_err:.3e} (+ floor)"
+    return y64, ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bias_scale", [0.5, 100.0], ids=["small_bias", "bias_100x"])
+@pytest.mark.parametrize("hq,hkv,s,d,softcap", [(6, 2, 19, 40, 0.0), (4, 1, 7, 17, 30.0), (3, 3, 33, 16, 5.0)])
+def test_packed_qkv_bias_against_the_reference(dtype, bias_scale, hq, hkv, s, d, softcap):
+    # GQA windows (Hkv < Hq), an odd D, several tiles (16 x 16), and softcap (where K's bias does
+    # not cancel in the softmax), with biases at the projections' scale and 100x it.
+    gen = torch.Generator().manual_seed(hq * 10000 + s * 100 + d + int(bias_scale))
+    width = (hq + 2 * hkv) * d
+    p = rand(2, s, width, dtype=dtype, gen=gen)
+    bias = (bias_scale * torch.randn(width, generator=gen)).to(dtype).to(DEVICE)
+    mask = rand(2, 1, s, s, dtype=dtype, gen=gen)
+    lengths = torch.tensor([s, max(1, s // 2)], dtype=torch.int64, device=DEVICE)
+    y, ref = check_packed_bias(p, bias, hq, hkv, mask, lengths, is_causal=1, softcap=softcap, scale=0.3,
+                               block_m=16, block_n=16)
+    assert y.shape == (2, s, hq * d)
+    # The bias is not dropped: without it the reference differs by far more than the tolerance.
+    unbiased = attention_reference(p.double().cpu().numpy(), p.double().cpu().numpy(), p.double().cpu().numpy(),
+                                   mask.double().cpu().numpy(), lengths.cpu().numpy(), scale=0.3, is_causal=1,
+                                   softcap=softcap, q_num_heads=hq, kv_num_heads=hkv, packed_qkv=1)
+    assert np.abs(ref - unbiased).max() > 0.1 * bias_scale
+
+
+def test_packed_qkv_bias_equals_adding_it_first_in_float32():
+    # float32: the kernel's float32 sum on load is the sum a separate Add writes, so the two graphs
+    # give bitwise the same Y (the sums and every later operation are the same float32 ops).
+    gen = torch.Generator().manual_seed(21)
+    hq, hkv, d = 4, 2, 24
+    p = rand(2, 37, (hq + 2 * hkv) * d, dtype=torch.float32, gen=gen)
+    bias = 3.0 * rand((hq + 2 * hkv) * d, dtype=torch.float32, gen=gen)
+    heads = dict(q_num_heads=hq, kv_num_heads=hkv, packed_qkv=1, softcap=7.0, is_causal=2, block_m=16, block_n=16)
+    y = ta.attention(p, p, p, qkv_bias=bias, **heads)
+    added = p + bias
+    assert torch.equal(y, ta.attention(added, added, added, **heads))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_packed_qkv_bias_fully_masked_rows_are_zero(dtype):
+    # All probabilities of such a row are zero: V's bias must not reach it (zeros, not b_v).
+    gen = torch.Generator().manual_seed(22)
+    hq, hkv, d, s = 4, 2, 16, 40
+    p = rand(3, s, (hq + 2 * hkv) * d, dtype=dtype, gen=gen)
+    bias = (100.0 * torch.randn((hq + 2 * hkv) * d, generator=gen)).to(dtype).to(DEVICE)
+    allowed = torch.rand(3, 1, s, s, generator=gen) > 0.3
+    allowed[0, 0, 5] = False
+    lengths = torch.tensor([s, 0, 9], dtype=torch.int32, device=DEVICE)
+    y, _ = check_packed_bias(p, bias, hq, hkv, allowed.to(DEVICE), lengths, block_m=16, block_n=16)
+    assert (y[0, 5] == 0).all() and (y[1] == 0).all()
+    assert (y[2] != 0).all()
+
+
+def test_packed_qkv_bias_numpy_front_end_and_golden_node():
+    from onnx import helper
+
+    from opsfuse import golden
+
+    rng = np.random.default_rng(23)
+    hq, hkv, d = 6, 2, 16
+    p = rng.standard_normal((2, 5, (hq + 2 * hkv) * d)).astype(np.float32)
+    bias = (20.0 * rng.standard_normal((hq + 2 * hkv) * d)).astype(np.float32)
+    heads = dict(q_num_heads=hq, kv_num_heads=hkv, packed_qkv=1)
+    ref = attention_reference(p, p, p, qkv_bias=bias, softcap=8.0, **heads)
+    y = ta.attention_numpy(p, p, p, qkv_bias=bias, softcap=8.0, **heads)
+    np.testing.assert_allclose(y, ref, atol=1e-4, rtol=1e-5)
+    # A node with all six inputs, attn_mask and key_lengths empty, as the rewrite writes it.
+    node = helper.make_node("FusedAttention", ["P", "P", "P", "", "", "bias"], ["Y"], domain="com.opsfuse",
+                            name="packed_bias", softcap=8.0, **heads)
+    y = golden.run_fused_attention(node, [p, p, p, None, None, bias])
+    np.testing.assert_allclose(y, ref, atol=1e-4, rtol=1e-5)
+    lengths = np.array([5, 2], dtype=np.int64)
+    node.input[4] = "kl"
+    y = golden.run_fused_attention(node, [p, p, p, None, lengths, bias])
+    np.testing.assert_allclose(y, attention_reference(p, p, p, None, lengths, qkv_bias=bias, softcap=8.0, **heads),
+                               atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias,packed,match", [
+    (dict(), 0, "qkv_bias is only allowed with packed_qkv = 1"),
+    (dict(n=31), 1, r"qkv_bias must have shape \(\(q_num_heads \+ 2\*kv_num_heads\)\*D,\) = \(32,\), got \(31,\)"),
+    (dict(shape=(1, 32)), 1, r"qkv_bias must have shape .* got \(1, 32\)"),
+    (dict(dtype=torch.float16), 1, "qkv_bias has dtype torch.float16; expected Q's dtype torch.float32"),
+])
+def test_packed_qkv_bias_bad_arguments_raise(bias, packed, match):
+    p = torch.randn(1, 4, 32, device=DEVICE)
+    b = torch.zeros(bias.get("shape", (bias.get("n", 32),)), dtype=bias.get("dtype", torch.float32), device=DEVICE)
+    with pytest.raises(ValueError, match=f"FusedAttention: .*{match}"):
+        ta.attention(p, p, p, q_num_heads=2, kv_num_heads=1, packed_qkv=packed, qkv_bias=b)
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bias_scale", [0.5, 100.0], ids=["small_bias", "bias_100x"])
+def test_gpu_packed_qkv_bias(dtype, bias_scale):
+    gen = torch.Generator().manual_seed(24 + int(bias_scale))
+    b, s, hq, hkv, d = 2, 513, 12, 4, 64
+    width = (hq + 2 * hkv) * d
+    p = rand(b, s, width, dtype=dtype, gen=gen)
+    bias = (bias_scale * torch.randn(width, generator=gen)).to(dtype).to(DEVICE)
+    lengths = torch.tensor([s, 300], dtype=torch.int64, device=DEVICE)
+    for softcap in (0.0, 30.0):
+        check_packed_bias(p, bias, hq, hkv, None, lengths, is_causal=1, softcap=softcap)

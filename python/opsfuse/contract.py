@@ -18,9 +18,12 @@ INPUT_K = 1  # (B, Hkv, Sk, D) or (B, Sk, Hkv*D)
 INPUT_V = 2  # (B, Hkv, Sk, Dv) or (B, Sk, Hkv*Dv)
 INPUT_MASK = 3  # broadcastable to (B, Hq, Sq, Sk); bool or T
 INPUT_KEY_LENGTHS = 4  # (B,); int32 or int64
+# ((Hq + 2*Hkv)*D,); T; only with packed_qkv = 1: added to every packed row before the windows are
+# read (docs/notes/contract_qkv_bias.md).
+INPUT_QKV_BIAS = 5
 NUM_REQUIRED_INPUTS = 3
-NUM_INPUTS = 5
-INPUT_NAMES = ("Q", "K", "V", "attn_mask", "key_lengths")
+NUM_INPUTS = 6
+INPUT_NAMES = ("Q", "K", "V", "attn_mask", "key_lengths", "qkv_bias")
 OUTPUT_Y = 0  # (B, Hq, Sq, Dv) or (B, Sq, Hq*Dv), the form of Q
 
 # Attributes.

@@ -87,12 +87,12 @@ def run_fused_attention(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None
         raise ValueError(f"{contract.OP_NAME} node {node.name!r}: {len(inputs)} inputs, expected "
                          f"{contract.NUM_REQUIRED_INPUTS} to {contract.NUM_INPUTS}")
     args = list(inputs) + [None] * (contract.NUM_INPUTS - len(inputs))
-    q, k, v, mask, lengths = args
+    q, k, v, mask, lengths, qkv_bias = args
     if q is None or k is None or v is None:
         raise ValueError(f"{contract.OP_NAME} node {node.name!r}: Q, K and V are required")
     attrs = node_attributes(node)
     try:
-        return triton_attention.attention_numpy(q, k, v, mask, lengths, device=device, **attrs)
+        return triton_attention.attention_numpy(q, k, v, mask, lengths, device=device, qkv_bias=qkv_bias, **attrs)
     except ValueError as e:
         raise ValueError(f"{e} (node {node.name!r})") from None
 

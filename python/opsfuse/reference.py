@@ -60,6 +60,20 @@ def packed_qkv_windows(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_num_heads:
     return q[..., :q_end], k[..., q_end:k_end], v[..., k_end:]
 
 
+def add_packed_bias(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                    qkv_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The windows of packed_qkv_windows plus their slices of `qkv_bias` ((Hq + 2*Hkv)*D,), in
+    float64: bias element c is added to column c of the packed rows, over every batch and row."""
+    widths = (np.shape(q)[2], np.shape(k)[2], np.shape(v)[2])
+    bias = np.asarray(qkv_bias)
+    if bias.shape != (sum(widths),):
+        raise ValueError(f"qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,) = ({sum(widths)},), "
+                         f"got {bias.shape}")
+    bias = bias.astype(np.float64)
+    bq, bk, bv = np.split(bias, [widths[0], widths[0] + widths[1]])
+    return tuple(np.asarray(t).astype(np.float64) + b for t, b in ((q, bq), (k, bk), (v, bv)))
+
+
 def attention_reference(
     q: np.ndarray,
     k: np.ndarray,
@@ -72,16 +86,23 @@ def attention_reference(
     q_num_heads: int | None = None,
     kv_num_heads: int | None = None,
     packed_qkv: int = 0,
+    qkv_bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """FusedAttention in float64. Inputs of any float dtype (bfloat16 via ml_dtypes or float32
     upcast by the caller); returns float64 of shape (B, Hq, Sq, Dv), or for the 3-D form
     (Q (B, Sq, Hq*D), K (B, Sk, Hkv*D), V (B, Sk, Hkv*Dv), with q_num_heads and kv_num_heads)
     of shape (B, Sq, Hq*Dv). With packed_qkv = 1, Q, K and V are each the packed
-    (B, S, (Hq + 2*Hkv)*D) tensor, read as column windows (packed_qkv_windows); Y is (B, S, Hq*D)."""
+    (B, S, (Hq + 2*Hkv)*D) tensor, read as column windows (packed_qkv_windows); Y is (B, S, Hq*D).
+    `qkv_bias` ((Hq + 2*Hkv)*D,), only with packed_qkv = 1, is added to every packed row first, in
+    float64 (the exact sum: docs/notes/contract_qkv_bias.md)."""
     if packed_qkv not in (0, 1):
         raise ValueError(f"packed_qkv must be 0 or 1, got {packed_qkv}")
+    if qkv_bias is not None and not packed_qkv:
+        raise ValueError("qkv_bias is only allowed with packed_qkv = 1")
     if packed_qkv:
         q, k, v = packed_qkv_windows(q, k, v, q_num_heads, kv_num_heads)
+        if qkv_bias is not None:
+            q, k, v = add_packed_bias(q, k, v, qkv_bias)
     ranks = (np.ndim(q), np.ndim(k), np.ndim(v))
     if len(set(ranks)) != 1 or ranks[0] not in (contract.TENSOR_RANK, contract.PACKED_TENSOR_RANK):
         raise ValueError(f"Q, K and V must all have rank 4 or all rank 3, got ranks {ranks}")

@@ -1,8 +1,10 @@
 """The FusedAttention schema for the ``onnx`` package, so that ``onnx.checker`` and
 ``onnx.shape_inference`` accept models that use the op and infer its output: (B, Hq, Sq, Dv), or
-(B, Sq, Hq*Dv) for the 3-D form, (B, S, Hq*D) for packed Q/K/V (``packed_qkv`` = 1). A node that breaks the contract in a way its input shapes and
-attributes already show (mixed ranks, a missing head count, a hidden size that is not a multiple
-of it) fails shape inference with an ``InferenceError`` naming FusedAttention and the problem.
+(B, Sq, Hq*Dv) for the 3-D form, (B, S, Hq*D) for packed Q/K/V (``packed_qkv`` = 1). A node that
+breaks the contract in a way its input types, shapes and attributes already show (mixed ranks, a
+missing head count, a hidden size that is not a multiple of it, a ``qkv_bias`` without
+``packed_qkv`` = 1 or of the wrong shape or type) fails shape inference with an ``InferenceError``
+naming the node and the problem.
 
 Call :func:`register` once per process; it is idempotent.
 """
@@ -52,6 +54,32 @@ def _fail(ctx, what: str) -> None:
 
 def _known(dim) -> int | None:
     return dim.dim_value if dim.HasField("dim_value") else None
+
+
+def _check_qkv_bias(ctx, packed_qkv: int, q_type, q_shape) -> None:
+    """The optional qkv_bias (docs/notes/contract_qkv_bias.md): only with packed_qkv = 1, of Q's
+    element type, shape ((Hq + 2*Hkv)*D,) = (the packed last dimension,)."""
+    if ctx.get_num_inputs() <= contract.INPUT_QKV_BIAS or not ctx.has_input(contract.INPUT_QKV_BIAS):
+        return
+    if packed_qkv != 1:
+        _fail(ctx, "input qkv_bias (the packed projection's bias) is only allowed with attribute packed_qkv = 1")
+    bias_type = ctx.get_input_type(contract.INPUT_QKV_BIAS)
+    if bias_type is None or not bias_type.HasField("tensor_type"):
+        return
+    elem, q_elem = bias_type.tensor_type.elem_type, q_type.tensor_type.elem_type
+    if elem and q_elem and elem != q_elem:
+        _fail(ctx, f"input qkv_bias has element type {onnx.TensorProto.DataType.Name(elem)}, Q "
+                   f"{onnx.TensorProto.DataType.Name(q_elem)}: they must be the same type T")
+    bias_shape = _input_shape(ctx, contract.INPUT_QKV_BIAS)
+    if bias_shape is None:
+        return
+    if len(bias_shape.dim) != 1:
+        _fail(ctx, f"input qkv_bias must be 1-D ((q_num_heads + 2*kv_num_heads)*D,), got rank {len(bias_shape.dim)}")
+    width = _known(bias_shape.dim[0])
+    hidden = None if q_shape is None or len(q_shape.dim) != contract.PACKED_TENSOR_RANK else _known(q_shape.dim[2])
+    if width is not None and hidden is not None and width != hidden:
+        _fail(ctx, f"input qkv_bias has {width} elements; it must have one per packed column, the packed last "
+                   f"dimension {hidden}")
 
 
 def _infer_packed_qkv(ctx, out, rank, shapes, hq: int, hkv: int) -> None:
@@ -107,6 +135,7 @@ def _infer(ctx) -> None:
     packed_qkv = _int_attr(ctx, contract.ATTR_PACKED_QKV)
     if packed_qkv not in (0, 1):
         _fail(ctx, f"attribute 'packed_qkv' must be 0 or 1, got {packed_qkv}")
+    _check_qkv_bias(ctx, packed_qkv, q_type, q_shape)
     if packed_qkv == 1:
         _infer_packed_qkv(ctx, out, rank, (q_shape, k_shape, v_shape), hq, hkv)
         ctx.set_output_type(contract.OUTPUT_Y, out)
@@ -163,6 +192,8 @@ def build_schema() -> defs.OpSchema:
             P("V", "T", "(B, Hkv, Sk, Dv), or (B, Sk, Hkv*Dv) with kv_num_heads"),
             P("attn_mask", "M", "broadcastable to (B, Hq, Sq, Sk); bool (True = attend) or T (added)", param_option=opt),
             P("key_lengths", "L", "(B,); keys at positions >= key_lengths[b] are masked", param_option=opt),
+            P("qkv_bias", "T", "((Hq + 2*Hkv)*D,); added to every packed row before Q, K, V are read; only "
+              "with packed_qkv = 1", param_option=opt),
         ],
         outputs=[P("Y", "T", "(B, Hq, Sq, Dv), or (B, Sq, Hq*Dv) for 3-D inputs, (B, S, Hq*D) packed")],
         type_constraints=[

@@ -11,7 +11,10 @@ accuracy over speed:
   inputs) or, on a GPU with 16-bit inputs, split into two T parts (p = p_hi + p_lo) that feed two
   tensor-core products, keeping 16 (bfloat16) to 22 (float16) bits of each probability;
 * on a GPU, ``exp`` and ``tanh`` come from libdevice (correctly rounded to a few ulp) rather
-  than the approximate hardware instructions.
+  than the approximate hardware instructions;
+* a packed projection's bias (``qkv_bias``) is added to Q, K and V where they are loaded, in
+  float32, and the sums are not rounded to T: with a bias the dots take float32 operands (no
+  16-bit tensor-core products).
 
 The same kernel runs on a CUDA GPU (tensors on ``cuda``) and on the CPU through Triton's
 interpreter (tensors on ``cpu``). Triton decides between the two once per process, when it is
@@ -72,12 +75,15 @@ _VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @triton.jit
 def _attention_kernel(
-    Q, K, V, Mask, KeyLengths, Out,
+    Q, K, V, Mask, KeyLengths, Out, QBias, KBias, VBias,
     stride_qb, stride_qh, stride_qm, stride_qd,  # Q is (B, Hq, Sq, D)
     stride_kb, stride_kh, stride_kn, stride_kd,  # K is (B, Hkv, Sk, D)
     stride_vb, stride_vh, stride_vn, stride_vd,  # V is (B, Hkv, Sk, Dv)
     stride_mb, stride_mh, stride_mm, stride_mn,  # Mask viewed as (B, Hq, Sq, Sk); 0 = broadcast
     stride_ob, stride_oh, stride_om, stride_od,  # Out is (B, Hq, Sq, Dv)
+    stride_qbh, stride_qbd,  # QBias is (Hq, D): Q's window of qkv_bias, split into heads
+    stride_kbh, stride_kbd,  # KBias is (Hkv, D)
+    stride_vbh, stride_vbd,  # VBias is (Hkv, Dv)
     num_heads, group_size, seq_q, seq_k, head_dim, head_dim_v,
     scale, softcap,
     causal_offset,  # key j is visible to query i iff j <= i + causal_offset (when IS_CAUSAL)
@@ -85,6 +91,7 @@ def _attention_kernel(
     HAS_KEY_LENGTHS: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,  # Q, K, V are the loaded values plus QBias / KBias / VBias (float32 sums)
     LIBDEVICE: tl.constexpr,  # True on a GPU: accurate exp/tanh; the interpreter has no libdevice
     TENSOR_CORES: tl.constexpr,  # float16/bfloat16 on a GPU: 16-bit dot operands (see above)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -111,6 +118,15 @@ def _attention_kernel(
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if not TENSOR_CORES:
         q = q.to(tl.float32)
+    if HAS_BIAS:
+        # The bias is loaded as zeros past D, so the padding still adds nothing to the dot; rows past
+        # Sq get it too but are never stored.
+        q_bias = tl.load(QBias + off_h * stride_qbh + offs_d * stride_qbd, mask=d_ok, other=0.0)
+        q = q + q_bias.to(tl.float32)[None, :]
+        k_bias = tl.load(KBias + off_hkv * stride_kbh + offs_d * stride_kbd, mask=d_ok, other=0.0)
+        k_bias = k_bias.to(tl.float32)
+        v_bias = tl.load(VBias + off_hkv * stride_vbh + offs_dv * stride_vbd, mask=dv_ok, other=0.0)
+        v_bias = v_bias.to(tl.float32)
 
     k_base = K + off_b * stride_kb + off_hkv * stride_kh
     v_base = V + off_b * stride_vb + off_hkv * stride_vh
@@ -137,6 +153,8 @@ def _attention_kernel(
         # kt: (BLOCK_D, BLOCK_N), K transposed by addressing.
         kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
         kt = tl.load(kt_ptrs, mask=d_ok[:, None] & col_ok[None, :], other=0.0)
+        if HAS_BIAS:
+            kt = kt.to(tl.float32) + k_bias[:, None]  # columns past Sk are masked out of s below
         if TENSOR_CORES:
             s = tl.dot(q, kt)  # products of 16-bit values are exact in the float32 accumulator
         else:
@@ -187,6 +205,8 @@ def _attention_kernel(
 
         v_ptrs = v_base + cols[:, None] * stride_vn + offs_dv[None, :] * stride_vd
         v = tl.load(v_ptrs, mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
+        if HAS_BIAS:
+            v = v.to(tl.float32) + v_bias[None, :]  # rows past Sk meet p = 0
         if TENSOR_CORES:
             # p (float32) = p_hi + p_lo, both in T: two 16-bit products keep ~16 (bf16) to 22
             # (fp16) bits of p instead of rounding the probabilities to T.
@@ -264,6 +284,23 @@ def packed_qkv_windows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_num_
             v.narrow(2, (q_num_heads + kv_num_heads) * d, kv_num_heads * d))
 
 
+def packed_bias_heads(qkv_bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      q_num_heads: int, kv_num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`qkv_bias` ((Hq + 2*Hkv)*D,) cut as the packed windows q, k, v are: Q's part as (Hq, D), K's
+    and V's as (Hkv, D), views (no copy). Checks its shape, dtype (Q's) and device."""
+    width = q.shape[2] + k.shape[2] + v.shape[2]
+    if tuple(qkv_bias.shape) != (width,):
+        raise _error(f"qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,) = ({width},), got "
+                     f"{tuple(qkv_bias.shape)}")
+    if qkv_bias.dtype != q.dtype:
+        raise _error(f"qkv_bias has dtype {qkv_bias.dtype}; expected Q's dtype {q.dtype}")
+    if qkv_bias.device != q.device:
+        raise _error(f"qkv_bias is on {qkv_bias.device}, Q on {q.device}")
+    bq, bk, bv = qkv_bias.split([q.shape[2], k.shape[2], v.shape[2]])
+    return (bq.unflatten(0, (q_num_heads, -1)), bk.unflatten(0, (kv_num_heads, -1)),
+            bv.unflatten(0, (kv_num_heads, -1)))
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -278,6 +315,7 @@ def attention(
     q_num_heads: int | None = None,
     kv_num_heads: int | None = None,
     packed_qkv: int = contract.DEFAULT_PACKED_QKV,
+    qkv_bias: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -291,14 +329,20 @@ def attention(
     writes it through the strides of its (B, H, S, D) views. With `packed_qkv` = 1, q, k and v
     are each the packed (B, S, (Hq + 2*Hkv)*D) tensor (normally one tensor three times) and the
     kernel reads the column windows of :func:`packed_qkv_windows` (views, no copy); Y is
-    (B, S, Hq*D). `block_m` / `block_n` override the
+    (B, S, Hq*D). `qkv_bias` ((Hq + 2*Hkv)*D,) of dtype T, only with `packed_qkv` = 1, is added
+    to the packed rows as the kernel loads them (float32 sums). `block_m` / `block_n` override the
     query / key tile sizes (powers of two >= 16; tests use small tiles to exercise the online
     softmax across many tiles).
     """
     if packed_qkv not in (0, 1):
         raise _error(f"packed_qkv must be 0 or 1, got {packed_qkv}")
+    if qkv_bias is not None and not packed_qkv:
+        raise _error("qkv_bias is only allowed with packed_qkv = 1 (it is the packed projection's bias)")
+    head_biases = None
     if packed_qkv:
         q, k, v = packed_qkv_windows(q, k, v, q_num_heads, kv_num_heads)
+        if qkv_bias is not None:
+            head_biases = packed_bias_heads(qkv_bias, q, k, v, q_num_heads, kv_num_heads)
     ranks = (q.dim(), k.dim(), v.dim())
     if contract.PACKED_TENSOR_RANK in ranks or contract.TENSOR_RANK not in ranks:
         if ranks != (contract.PACKED_TENSOR_RANK,) * 3:
@@ -312,10 +356,18 @@ def attention(
             out = torch.empty(shape, dtype=q.dtype, device=q.device)
         elif tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
             raise _error(f"out must be {shape} {q.dtype} on {q.device}")
-        attention(q4, k4, v4, attn_mask, key_lengths, scale, is_causal, softcap,
-                  out=split_heads(out, q_num_heads, "out", contract.ATTR_Q_NUM_HEADS),
-                  block_m=block_m, block_n=block_n)
+        _attention_4d(q4, k4, v4, attn_mask, key_lengths, scale, is_causal, softcap,
+                      split_heads(out, q_num_heads, "out", contract.ATTR_Q_NUM_HEADS), q_num_heads, kv_num_heads,
+                      block_m, block_n, head_biases)
         return out
+    return _attention_4d(q, k, v, attn_mask, key_lengths, scale, is_causal, softcap, out, q_num_heads,
+                         kv_num_heads, block_m, block_n, None)
+
+
+def _attention_4d(q, k, v, attn_mask, key_lengths, scale, is_causal, softcap, out, q_num_heads, kv_num_heads,
+                  block_m, block_n, head_biases) -> torch.Tensor:
+    """:func:`attention` on the 4-D (B, H, S, D) tensors or views; `head_biases` is None or the (H, D)
+    bias views of :func:`packed_bias_heads`."""
     for name, t in (("Q", q), ("K", k), ("V", v)):
         if t.dim() != contract.TENSOR_RANK:
             raise _error(f"{name} must be 4-D, got shape {tuple(t.shape)}")
@@ -396,7 +448,12 @@ def attention(
             raise _error(f"key_lengths must have shape ({b},), got {tuple(key_lengths.shape)}")
         kl_arg = key_lengths.contiguous()
 
-    tensor_cores = not INTERPRET and q.dtype != torch.float32
+    # With a bias, Q + b is no T value: float32 operands keep the sum unrounded (module docstring).
+    tensor_cores = not INTERPRET and q.dtype != torch.float32 and head_biases is None
+    bias_args, bias_strides = (q, q, q), (0,) * 6
+    if head_biases is not None:
+        bias_args = head_biases
+        bias_strides = tuple(st for t in head_biases for st in t.stride())
     block_m_auto, block_n_auto, block_d, block_dv = _block_sizes(device, sq, sk, d, dv, tensor_cores)
     block_m = block_m or block_m_auto
     block_n = block_n or block_n_auto
@@ -408,8 +465,8 @@ def attention(
     launch_options = {"num_warps": 4, "num_stages": 2} if is_cuda else {}
     with torch.cuda.device(device) if is_cuda else contextlib.nullcontext():
         _attention_kernel[grid](
-            q, k, v, mask_arg, kl_arg, out,
-            *q.stride(), *k.stride(), *v.stride(), *mask_strides, *out.stride(),
+            q, k, v, mask_arg, kl_arg, out, *bias_args,
+            *q.stride(), *k.stride(), *v.stride(), *mask_strides, *out.stride(), *bias_strides,
             hq, hq // hkv, sq, sk, d, dv,
             scale, softcap if softcap > 0 else 1.0,
             0 if is_causal == contract.CAUSAL_UPPER_LEFT else sk - sq,
@@ -417,6 +474,7 @@ def attention(
             HAS_KEY_LENGTHS=key_lengths is not None,
             IS_CAUSAL=is_causal != contract.CAUSAL_NONE,
             HAS_SOFTCAP=softcap > 0,
+            HAS_BIAS=head_biases is not None,
             LIBDEVICE=not INTERPRET,
             TENSOR_CORES=tensor_cores,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
@@ -468,6 +526,7 @@ def attention_numpy(
     q_num_heads: int | None = None,
     kv_num_heads: int | None = None,
     packed_qkv: int = contract.DEFAULT_PACKED_QKV,
+    qkv_bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`attention` on numpy arrays (either form); runs on `device` (default:
     :func:`default_device`)."""
@@ -478,7 +537,7 @@ def attention_numpy(
 
     y = attention(to_dev(q), to_dev(k), to_dev(v), to_dev(attn_mask), to_dev(key_lengths),
                   scale=scale, is_causal=is_causal, softcap=softcap, q_num_heads=q_num_heads,
-                  kv_num_heads=kv_num_heads, packed_qkv=packed_qkv)
+                  kv_num_heads=kv_num_heads, packed_qkv=packed_qkv, qkv_bias=to_dev(qkv_bias))
     return torch_to_numpy(y)
 
 

@@ -50,11 +50,13 @@ def bind(binding, name, tensor, np_dtype):
     binding.bind_input(name, "cuda", 0, elem, list(tensor.shape), tensor.data_ptr())
 
 
-def run_ort(ort, session, q, k, v, attn_mask=None, key_lengths=None, out_shape=None):
+def run_ort(ort, session, q, k, v, attn_mask=None, key_lengths=None, out_shape=None, qkv_bias=None):
     import torch
 
     binding = session.io_binding()
     tensors = {"Q": to_device(q), "K": to_device(k), "V": to_device(v)}
+    if qkv_bias is not None:
+        tensors["qkv_bias"] = to_device(qkv_bias)
     if attn_mask is not None:
         tensors["attn_mask"] = to_device(attn_mask)
     if key_lengths is not None:
@@ -203,6 +205,62 @@ def test_ort_cuda_ep_packed_qkv(ort, case):
     q, k, v = heads(0, hq), heads(hq, hkv), heads(hq + hkv, hkv)
     assert_within_2x_torch(out, q, k, v, mask, None, attrs.get("scale"), attrs.get("is_causal", 0),
                            attrs.get("softcap", 0.0), what=f"ORT CUDA EP, packed Q/K/V (seed {seed})")
+
+
+CASES_PACKED_BIAS = [
+    # dtype, (b, hq, hkv, s, d), attrs, additive (B,1,1,S) mask, kernels. qkv_bias (input 5,
+    # docs/notes/contract_qkv_bias.md): the Hopper kernel adds it itself; the other plans (float32,
+    # softcap with K's bias, the portable kernels) read biased copies written into ORT's scratch.
+    (np.float16, (8, 12, 12, 512, 64), {}, True, "default"),          # BERT-base S=512, as benchmarked
+    (ml_dtypes.bfloat16, (1, 8, 2, 300, 128), {"is_causal": 1}, False, "default"),
+    (np.float16, (2, 12, 12, 128, 64), {}, True, "portable"),
+    (np.float16, (1, 4, 2, 97, 80), {"softcap": 30.0}, True, "default"),
+    (np.float32, (2, 6, 2, 65, 40), {"is_causal": 2}, True, "default"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES_PACKED_BIAS)))
+def test_ort_cuda_ep_packed_qkv_bias(ort, case, monkeypatch):
+    """packed_qkv = 1 with qkv_bias on the CUDA EP: the 2x rule against the float64 reference on
+    the exact sums P + bias (PyTorch's yardstick on the sums rounded to T, as the graph's Add did).
+    Padded sequences include one with no visible key: its rows must be zeros, not V's bias."""
+    import onnx
+    from onnx import helper
+
+    dtype, (b, hq, hkv, s, d), attrs, with_mask, kernels = CASES_PACKED_BIAS[case]
+    if kernels == "portable":
+        monkeypatch.setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1")
+    rng, seed = fresh_rng()
+    width = (hq + 2 * hkv) * d
+    p = rng.standard_normal((b, s, width)).astype(dtype)
+    bias = rng.standard_normal(width).astype(dtype)
+    mask = None
+    if with_mask:
+        lengths = rng.integers(1, s + 1, size=b)
+        lengths[-1] = 0 if b > 1 else lengths[-1]
+        mask = np.where(np.arange(s)[None, None, None, :] < lengths[:, None, None, None], 0.0, -np.inf).astype(dtype)
+    model = fused_attention_model(dtype, None if mask is None else mask.dtype, 0 if mask is None else 4, None,
+                                  rank=3, q_num_heads=hq, kv_num_heads=hkv, packed_qkv=1, **attrs)
+    node = model.graph.node[0]
+    node.input.extend([""] * (5 - len(node.input)) + ["qkv_bias"])
+    model.graph.input.append(helper.make_tensor_value_info("qkv_bias", _ONNX_TYPE[np.dtype(dtype)], [width]))
+    onnx.checker.check_model(model)
+    session = cuda_session(ort, model)
+    out3 = run_ort(ort, session, p, p, p, mask, out_shape=(b, s, hq * d), qkv_bias=bias)
+    out = out3.reshape(b, s, hq, d).transpose(0, 2, 1, 3)
+
+    def heads(x, lo, n):  # columns [lo*D, (lo+n)*D) of x as (B, n, S, D)
+        return np.ascontiguousarray(x[..., lo * d:(lo + n) * d].reshape(b, s, n, d).transpose(0, 2, 1, 3))
+
+    exact_p = p.astype(np.float64) + bias.astype(np.float64)
+    rounded_p = (p.astype(np.float32) + bias.astype(np.float32)).astype(dtype)
+    windows = ((0, hq), (hq, hkv), (hq + hkv, hkv))
+    assert_within_2x_torch(out, *(heads(rounded_p, lo, n) for lo, n in windows), mask, None, attrs.get("scale"),
+                           attrs.get("is_causal", 0), attrs.get("softcap", 0.0),
+                           what=f"ORT CUDA EP, packed Q/K/V + qkv_bias (seed {seed})",
+                           exact=tuple(heads(exact_p, lo, n) for lo, n in windows))
+    if with_mask and b > 1:
+        assert not np.any(out[-1].astype(np.float32)), f"fully masked rows are not 0 (seed {seed})"
 
 
 def test_kernel_trace_sees_the_ort_launched_kernel(ort):
