@@ -101,8 +101,9 @@ def fuse_attention(model, *, pack_qkv: bool = False):
     """Fuses every provable attention subgraph into com.opsfuse::FusedAttention.
 
     pack_qkv=True: where a fused node reads three projections MatMul(X, W) [+ b] of one X, one
-    MatMul on the concatenated weights feeds it as Q, K and V (``packed_qkv`` = 1). Not bit-exact
-    (a GEMM of another shape may round differently); the default rewrite is.
+    MatMul on the concatenated weights feeds it as Q, K and V (``packed_qkv`` = 1), and the
+    concatenated biases are its ``qkv_bias`` input (no Add). Not bit-exact (a GEMM of another
+    shape may round differently); the default rewrite is.
 
     `model` is an ``onnx.ModelProto`` (a rewritten copy is returned; the argument is not changed)
     or an ``onnx_ir.Model`` (rewritten in place and returned). Returns ``(model, report)``.

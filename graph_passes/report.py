@@ -69,8 +69,10 @@ class Report:
         lines = [f"attention candidates found: {self.found}, fused: {self.fused}, left alone: {len(self.left)}"]
         for name, count in self.counts.items():
             if name == PACK_QKV:
+                absorbed = sum(bool(c.details.get("qkv_bias_absorbed")) for c in self.candidates if c.fused)
                 lines.append(f"  {name}: {count} of {self.fused} fused nodes read one packed Q/K/V projection "
-                             "(not bit-exact)")
+                             f"(not bit-exact); {absorbed} with its bias absorbed as the node's qkv_bias input "
+                             "(no Add)")
             else:
                 lines.append(f"  {name}: {count} fused")
         for c in self.left:

@@ -93,6 +93,11 @@ def test_pack_qkv_flag(tmp_path, capsys):
     assert node.input[0] == node.input[1] == node.input[2]
     assert [n.op_type for n in packed.graph.node].count("MatMul") == 1
     assert {i.name for i in packed.graph.initializer}.isdisjoint({"wq", "wk", "wv", "bq", "bk", "bv"})
+    # The biases were absorbed: the node's sixth input (qkv_bias), no Add, and the written model
+    # passed the CLI's validation with the schema that knows that input.
+    assert len(node.input) == 6 and node.input[5] in {i.name for i in packed.graph.initializer}
+    assert "Add" not in [n.op_type for n in packed.graph.node]
+    assert report["candidates"][0]["details"]["qkv_bias_absorbed"] is True
 
 
 def test_pack_qkv_help_says_not_bit_exact(capsys):

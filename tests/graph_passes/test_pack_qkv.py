@@ -1,7 +1,9 @@
 """The opt-in ``pack_qkv`` rewrite (graph_passes/pack_qkv.py): a 3-D FusedAttention whose Q, K and V
-are MatMul(X, W) [+ b] projections of one X gets one MatMul on [Wq | Wk | Wv] (and one Add of
-[bq | bk | bv]) and reads it with packed_qkv = 1. Anything else stays unpacked with a reason.
-Not bit-exact (a GEMM of another shape), so the numeric checks use a tolerance, on random data."""
+are MatMul(X, W) [+ b] projections of one X gets one MatMul on [Wq | Wk | Wv], reads it with
+packed_qkv = 1, and takes [bq | bk | bv] as its qkv_bias input (no Add). Anything else stays unpacked
+with a reason. Not bit-exact (a GEMM of another shape), so the numeric checks use a tolerance, on
+random data: in ONNX Runtime with the opsfuse library, and with the float64 reference computing the
+FusedAttention nodes (so the graph's meaning is checked without the C++ library)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import onnx
 import pytest
 from attention_graphs import F16, projected_model, random_feeds
 from onnx import TensorProto, helper, numpy_helper
-from rewrite_helpers import assert_same_outputs, attrs, fused_nodes, validate
+from rewrite_helpers import assert_same_outputs, attrs, fused_nodes, original_outputs, validate
 
+from opsfuse import contract
 from opsfuse.graph_passes import fuse_attention
+from opsfuse.reference import attention_reference
 
 
 def projection_model(*, B=2, S=5, hidden=10, Hq=3, Hkv=None, D=4, bias=("q", "k", "v"), swap=(), dtype=TensorProto.FLOAT,
@@ -87,6 +91,38 @@ def _packed(model, **kw):
     return out, report
 
 
+def _reference_outputs(model, feeds) -> list:
+    """The model's outputs with every FusedAttention node computed by the float64 reference (rounded
+    to the node's type) and the rest of the graph by ONNX Runtime, through the golden runner's
+    staging."""
+    from opsfuse.golden import _StagedOrtRunner, node_attributes
+
+    def compute(node, args):
+        args = list(args) + [None] * (contract.NUM_INPUTS - len(args))
+        q, k, v, mask, lengths, bias = args
+        y = attention_reference(q, k, v, mask, lengths, qkv_bias=bias, **node_attributes(node))
+        return y.astype(q.dtype)
+
+    return list(_StagedOrtRunner(model).run(feeds, compute).values())
+
+
+def assert_reference_matches(original, rewritten, feeds, rtol=1e-4, atol=1e-5) -> None:
+    expected = original_outputs(original, feeds)
+    actual = _reference_outputs(rewritten, feeds)
+    assert len(expected) == len(actual)
+    for e, a in zip(expected, actual):
+        assert e.shape == a.shape and e.dtype == a.dtype
+        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol)
+
+
+def _bias_input(model, node) -> np.ndarray | None:
+    """The node's qkv_bias initializer, or None when it has no qkv_bias input."""
+    if len(node.input) <= contract.INPUT_QKV_BIAS or not node.input[contract.INPUT_QKV_BIAS]:
+        return None
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return inits[node.input[contract.INPUT_QKV_BIAS]]
+
+
 @pytest.mark.parametrize("bias,swap", [(("q", "k", "v"), ()), (("q", "k", "v"), ("q", "v")), ((), ()),
                                        (("q", "v"), ("v",))])
 def test_three_projections_become_one(bias, swap):
@@ -101,23 +137,52 @@ def test_three_projections_become_one(bias, swap):
     assert a["packed_qkv"] == 1 and (a["q_num_heads"], a["kv_num_heads"]) == (3, 3)
     assert node.input[0] == node.input[1] == node.input[2]
     ops, before = _ops(out), _ops(plain)
-    assert ops["MatMul"] == 1 and ops["Add"] == (1 if bias else 0)
-    assert before["MatMul"] - ops["MatMul"] == 2 and before["Add"] - ops["Add"] == max(len(bias) - 1, 0)
+    # The bias Adds are gone, none replaces them: the biases are the node's qkv_bias input.
+    assert ops["MatMul"] == 1 and ops["Add"] == 0
+    assert before["MatMul"] - ops["MatMul"] == 2 and before["Add"] == len(bias)
     # The packed weight is [Wq | Wk | Wv]; the old weights and biases are gone.
     inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
     assert not {"wq", "wk", "wv", "bq", "bk", "bv"} & set(inits)
     orig = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     producer = {o: n for n in out.graph.node for o in n.output}
-    mm = producer[node.input[0]] if not bias else producer[producer[node.input[0]].input[0]]
+    mm = producer[node.input[0]]
     assert mm.op_type == "MatMul" and mm.input[0] == "x"
     np.testing.assert_array_equal(inits[mm.input[1]], np.concatenate([orig["wq"], orig["wk"], orig["wv"]], axis=1))
+    assert cand.details["qkv_bias_absorbed"] is bool(bias)
     if bias:
-        add = producer[node.input[0]]
+        # Q, K, V, the mask, an empty key_lengths, then qkv_bias = [bq | bk | bv] (zeros for a missing one).
+        assert len(node.input) == contract.NUM_INPUTS and node.input[contract.INPUT_KEY_LENGTHS] == ""
+        assert node.input[contract.INPUT_MASK] != ""
         want = np.concatenate([orig.get(f"b{r}", np.zeros(12, np.float32)) for r in "qkv"])
-        np.testing.assert_array_equal(inits[add.input[1]], want)
+        np.testing.assert_array_equal(_bias_input(out, node), want)
+        assert "1 with its bias absorbed as the node's qkv_bias input (no Add)" in report.format()
+    else:
+        assert len(node.input) <= contract.INPUT_QKV_BIAS and _bias_input(out, node) is None
+        assert "0 with its bias absorbed" in report.format()
     # The same weights as the exact rewrite's, plus the zeros that stand for a missing bias.
     assert _init_bytes(out) == _init_bytes(plain) + (12 * 4 * (3 - len(bias)) if bias else 0)
-    assert_same_outputs(model, out, _feeds(model))
+    feeds = _feeds(model)
+    assert_reference_matches(model, out, feeds)
+    assert_same_outputs(model, out, feeds)
+
+
+@pytest.mark.parametrize("bias_scale", [0.5, 100.0], ids=["small_bias", "bias_100x"])
+def test_absorbed_bias_numerics_without_a_mask(bias_scale):
+    # No mask: the node's inputs 3 and 4 are both empty before qkv_bias. Biases ~100x the
+    # projections' scale dominate Q, K and V: a bias added in the wrong window or twice shows.
+    model = projection_model(mask=None, Hq=4, Hkv=2, D=6, hidden=14, S=7, seed=3)
+    for init in model.graph.initializer:
+        if init.name in ("bq", "bk", "bv"):
+            arr = numpy_helper.to_array(init) * (bias_scale / 0.5)
+            init.CopyFrom(numpy_helper.from_array(arr.astype(np.float32), init.name))
+    out, report = _packed(model)
+    node = fused_nodes(out)[0]
+    assert list(node.input[contract.INPUT_MASK:contract.INPUT_QKV_BIAS]) == ["", ""]
+    assert np.abs(_bias_input(out, node)).max() > 0.5 * bias_scale
+    assert report.candidates[0].details["qkv_bias_absorbed"] is True
+    feeds = _feeds(model)
+    assert_reference_matches(model, out, feeds, rtol=1e-4, atol=1e-4 * bias_scale)
+    assert_same_outputs(model, out, feeds, rtol=1e-4, atol=1e-4 * bias_scale)
 
 
 def test_off_by_default_and_exact_then():
@@ -138,7 +203,10 @@ def test_gqa_packs_narrower_k_and_v(hq, hkv):
     a = attrs(node)
     assert a["packed_qkv"] == 1 and (a["q_num_heads"], a["kv_num_heads"]) == (hq, hkv)
     assert report.candidates[0].details["packed_width"] == (hq + 2 * hkv) * 6
-    assert_same_outputs(model, out, _feeds(model))
+    assert _bias_input(out, node).shape == ((hq + 2 * hkv) * 6,)
+    feeds = _feeds(model)
+    assert_reference_matches(model, out, feeds)
+    assert_same_outputs(model, out, feeds)
 
 
 def test_float16():
@@ -147,7 +215,10 @@ def test_float16():
     assert report.counts["pack_qkv"] == 1, report.format()
     inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
     assert {a.dtype for a in inits.values() if a.dtype.kind == "f"} == {np.dtype(np.float16)}
-    assert_same_outputs(model, out, _feeds(model), rtol=1e-2, atol=1e-2)
+    assert _bias_input(out, fused_nodes(out)[0]).dtype == np.float16  # qkv_bias is of type T
+    feeds = _feeds(model)
+    assert_reference_matches(model, out, feeds, rtol=1e-2, atol=1e-2)
+    assert_same_outputs(model, out, feeds, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("extra,why", [
@@ -212,14 +283,19 @@ def test_tiny_bert(tiny_bert, tmp_path):
     plain, _ = fuse_attention(tiny_bert)
     out, report = _packed(tiny_bert)
     assert report.fused == layers and report.counts["pack_qkv"] == layers, report.format()
+    details = {c.fused_node: c.details for c in report.candidates if c.fused}
     for node in fused_nodes(out):
         a = attrs(node)
         assert a["packed_qkv"] == 1 and (a["q_num_heads"], a["kv_num_heads"]) == (4, 4)
         assert node.input[0] == node.input[1] == node.input[2]
+        assert details[node.name]["qkv_bias_absorbed"] is True
+        assert len(node.input) == contract.NUM_INPUTS
+        assert _bias_input(out, node).shape == (details[node.name]["packed_width"],)
     before, after = _ops(plain), _ops(out)
     assert before["MatMul"] - after["MatMul"] == 2 * layers
-    assert before["Add"] - after["Add"] == 2 * layers
-    assert len(plain.graph.node) - len(out.graph.node) >= 4 * layers
+    # All three bias Adds of each layer leave: the kernel adds the bias as it loads Q, K, V.
+    assert before["Add"] - after["Add"] == 3 * layers
+    assert len(plain.graph.node) - len(out.graph.node) >= 5 * layers
     # The old projection weights are dropped: the initializers do not grow.
     assert _init_bytes(out) <= _init_bytes(tiny_bert)
     # Written and read back the way the CLI does.
@@ -232,4 +308,8 @@ def test_tiny_bert(tiny_bert, tmp_path):
     feeds = {"input_ids": rng.integers(0, 100, (3, 11)).astype(np.int64),
              "attention_mask": np.ones((3, 11), np.int64)}
     feeds["attention_mask"][1, 7:] = 0
-    assert_same_outputs(tiny_bert, onnx.load(str(dst)), feeds, rtol=1e-4, atol=1e-4)
+    written = onnx.load(str(dst))
+    validate(written)
+    assert_reference_matches(tiny_bert, written, feeds, rtol=1e-4, atol=1e-4)
+    assert_same_outputs(tiny_bert, written, feeds, rtol=1e-4, atol=1e-4)
+

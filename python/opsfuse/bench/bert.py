@@ -16,9 +16,9 @@ Everything is built on the machine that runs it (nothing downloaded, no model ca
                      with the (B, 1, S, S) mask read as the (B, 1, 1, S) tensor it was expanded from
      ort+opsfuse     optimize_model with attention fusion off, then the opsfuse rewrite
      ort+opsfuse packed  the same with the rewrite's opt-in pack_qkv (``rewrite --pack-qkv``): the three
-                     Q/K/V projection MatMuls and bias Adds of a layer become one MatMul on the concatenated
-                     weights and one Add, read by FusedAttention with packed_qkv=1 (not bit-exact: one
-                     GEMM of another shape; checked by the same accuracy rules)
+                     Q/K/V projection MatMuls of a layer become one MatMul on the concatenated weights,
+                     read by FusedAttention with packed_qkv=1, and the three bias Adds its qkv_bias input
+                     (not bit-exact: one GEMM of another shape; checked by the same accuracy rules)
 3. session.run with host (numpy) inputs, ORT_ENABLE_ALL, the opsfuse library registered, CUDA EP
    for cuda; batch 8 x S in --seqs, a padding-style mask (a zero tail on most rows) and an all-ones
    mask; warm-up, then models interleaved round by round, median per model.

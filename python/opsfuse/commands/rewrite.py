@@ -24,7 +24,8 @@ def register(subparsers) -> None:
     add_input_arguments(p, "the --verify inputs")
     p.add_argument("--pack-qkv", action="store_true",
                    help="also replace the three Q/K/V projection MatMuls (and bias Adds) of one hidden state by one "
-                        "MatMul on the concatenated weights, read by FusedAttention as packed_qkv=1 (3-D form only). "
+                        "MatMul on the concatenated weights, read by FusedAttention as packed_qkv=1 (3-D form only), "
+                        "the concatenated biases becoming its qkv_bias input (no Add). "
                         "NOT bit-exact: one GEMM of a different shape may round differently; the default rewrite "
                         "is exact")
     p.add_argument("--overwrite", "--force", dest="overwrite", action="store_true",
