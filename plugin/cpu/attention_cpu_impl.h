@@ -191,23 +191,7 @@ static inline void pv_tail(int rows, const float* v, int64_t vst, const float* p
 }
 
 // ---------------------------------------------------------------------------------------------
-// Element access.
-
-static inline float load_elem(const void* base, int64_t idx, DType t) {
-  switch (t) {
-    case DType::kFloat16: return f16_to_f32(static_cast<const uint16_t*>(base)[idx]);
-    case DType::kBFloat16: return bf16_to_f32(static_cast<const uint16_t*>(base)[idx]);
-    default: return static_cast<const float*>(base)[idx];
-  }
-}
-
-static inline void store_elem(void* base, int64_t idx, DType t, float x) {
-  switch (t) {
-    case DType::kFloat16: static_cast<uint16_t*>(base)[idx] = f32_to_f16(x); break;
-    case DType::kBFloat16: static_cast<uint16_t*>(base)[idx] = f32_to_bf16(x); break;
-    default: static_cast<float*>(base)[idx] = x; break;
-  }
-}
+// Element access: load_elem / store_elem (half_convert.h).
 
 // Converts `rows` rows of `len` half / bfloat16 elements (row stride `src_stride` elements) into
 // dense float rows of stride `len`.

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../common/attention_params.h"
+
 namespace {
 
 static inline uint32_t f32_bits(float f) {
@@ -59,6 +61,23 @@ static inline uint16_t f32_to_bf16(float f) {
   const uint32_t x = f32_bits(f);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
   return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+// One element of a tensor of type `t` as float, and back (rounded to nearest even).
+static inline float load_elem(const void* base, int64_t idx, opsfuse::DType t) {
+  switch (t) {
+    case opsfuse::DType::kFloat16: return f16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+    case opsfuse::DType::kBFloat16: return bf16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+    default: return static_cast<const float*>(base)[idx];
+  }
+}
+
+static inline void store_elem(void* base, int64_t idx, opsfuse::DType t, float x) {
+  switch (t) {
+    case opsfuse::DType::kFloat16: static_cast<uint16_t*>(base)[idx] = f32_to_f16(x); break;
+    case opsfuse::DType::kBFloat16: static_cast<uint16_t*>(base)[idx] = f32_to_bf16(x); break;
+    default: static_cast<float*>(base)[idx] = x; break;
+  }
 }
 
 }  // namespace

@@ -571,8 +571,14 @@ bool fuses_biases(const AttentionParams& p, const Plan& plan) {
 // Where planning places the biased copies before the workspace exists (choose_plan() reads pointer
 // alignment only; the real copies start 256-byte aligned too).
 void* const kPlanningBase = reinterpret_cast<void*>(uintptr_t{1} << 12);
-// Workspace for the biased copies of `p`, with room to align their start to 256 bytes.
-size_t fold_bytes(const AttentionParams& p) { return detail::folded_bytes(p) + 256; }
+// The biased copies of `p` read from `base` (kPlanningBase while planning).
+AttentionParams folded_params(const AttentionParams& p, void* base) {
+  return plan_biased_copies(p, base, detail::kBiasedCopyAlign).reading;
+}
+// Workspace for the biased copies of `p`, with room to align their start.
+size_t fold_bytes(const AttentionParams& p) {
+  return plan_biased_copies(p, nullptr, detail::kBiasedCopyAlign).bytes + detail::kBiasedCopyAlign;
+}
 
 template <typename T>
 __global__ void combine_splits_kernel(const KernelArgs a) {
@@ -667,7 +673,7 @@ size_t workspace_size(const AttentionParams& p) {
                     workspace_for(p, hopper));  // see the top
   // Biases: the biased copies and the plans for them (every plan but the Hopper kernel's fused
   // one, which may still fall back to them), or the fused plan's own.
-  const AttentionParams f = detail::folded_params(p, kPlanningBase);
+  const AttentionParams f = folded_params(p, kPlanningBase);
   size_t bytes = fold_bytes(p) + std::max(workspace_for(f, choose_plan(f, dev, sw, /*allow_hopper=*/false)),
                                           workspace_for(f, choose_plan(f, dev, sw)));
   if (fuses_biases(p, hopper)) bytes = std::max(bytes, workspace_for(p, hopper));
@@ -716,16 +722,16 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   // start (bias_fold.h), planned for as what they are (dense tensors), the kernel's own workspace
   // after them. `qkv` is what the kernel reads.
   AttentionParams qkv = p;
-  size_t copies = 0;
+  size_t copy_bytes = 0;
   if (has_bias(p) && !fuses_biases(p, plan)) {
-    copies = fold_bytes(p);
-    qkv = detail::folded_params(p, kPlanningBase);
+    copy_bytes = fold_bytes(p);
+    qkv = folded_params(p, kPlanningBase);
     plan = choose_plan(qkv, dev, sw);
   }
   // A workspace sized for another shape (TensorRT samples its profile's range) may lack stream-K's
   // partial slots: the static order then, which needs none.
-  if (plan.stream_k && !scratch.ensure(copies + workspace_for(qkv, plan))) plan.stream_k = false;
-  const size_t need = copies + workspace_for(qkv, plan);
+  if (plan.stream_k && !scratch.ensure(copy_bytes + workspace_for(qkv, plan))) plan.stream_k = false;
+  const size_t need = copy_bytes + workspace_for(qkv, plan);
   auto short_of = [&](size_t bytes) {
     if (scratch.alloc != nullptr) return fail(Status::kDeviceError, "could not allocate the launch's scratch space");
     Message os;
@@ -737,13 +743,14 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   // the params reading them and moves `workspace` past them.
   void* workspace = scratch.ptr;
   auto fold_into_scratch = [&](const AttentionParams& from) {
-    void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.ptr) + 255) & ~uintptr_t(255));
-    const AttentionParams folded = detail::folded_params(from, base);
-    workspace = static_cast<char*>(base) + detail::folded_bytes(from);
-    err = detail::launch_fold_biases(from, folded, stream);
-    return folded;
+    constexpr uintptr_t kAlign = detail::kBiasedCopyAlign;
+    void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.ptr) + kAlign - 1) & ~(kAlign - 1));
+    const BiasedCopies copies = plan_biased_copies(from, base, kAlign);
+    workspace = static_cast<char*>(base) + copies.bytes;
+    err = detail::launch_fold_biases(from, copies, stream);
+    return copies.reading;
   };
-  if (copies > 0) {
+  if (copy_bytes > 0) {
     qkv = fold_into_scratch(p);
     if (err != cudaSuccess) return cuda_fail(err, "launching the bias copies' kernel");
   }
@@ -836,7 +843,7 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
     // scratch allocator hands out what it needs.
     // Biases the Hopper kernel would have added: the portable kernels read biased copies.
     const bool fold = has_bias(qkv);
-    const AttentionParams planned = fold ? detail::folded_params(qkv, kPlanningBase) : qkv;
+    const AttentionParams planned = fold ? folded_params(qkv, kPlanningBase) : qkv;
     const Plan fallback = choose_plan(planned, dev, sw, /*allow_hopper=*/false);
     const size_t fallback_need = (fold ? fold_bytes(qkv) : 0) + workspace_for(planned, fallback);
     const bool room = scratch.ensure(fallback_need);

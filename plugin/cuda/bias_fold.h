@@ -3,26 +3,21 @@
 // shared-memory tile, V's in the epilogue, K's dropped: softmax is invariant to a per-row constant);
 // every other plan -- the portable kernels, decode, softcap with a K bias -- reads dense biased
 // copies that one launch writes into the workspace first (float32 sum rounded to T, as the graph's
-// Add that the ONNX input replaced did).
+// Add that the ONNX input replaced did). Their layout: common/biased_copies.h.
 #pragma once
 
 #include <cstddef>
 
 #include <cuda_runtime.h>
 
-#include "common/attention_params.h"
+#include "common/biased_copies.h"
 
 namespace opsfuse::cuda::detail {
 
-// Bytes of workspace the biased copies of `p` take (0 without biases), 256-byte aligned parts.
-size_t folded_bytes(const AttentionParams& p);
+// Each copy starts 256-byte aligned from a 256-byte aligned base.
+constexpr size_t kBiasedCopyAlign = 256;
 
-// `p` reading the copies placed at `base` (256-byte aligned, folded_bytes(p) bytes): the biased
-// tensors' pointers and strides are the dense (B, H, S, D) copies', the bias pointers cleared.
-// Pure arithmetic: planning may call it with a placeholder base.
-AttentionParams folded_params(const AttentionParams& p, void* base);
-
-// Enqueues one launch on `stream` that writes the copies `folded` describes from `p`.
-cudaError_t launch_fold_biases(const AttentionParams& p, const AttentionParams& folded, cudaStream_t stream);
+// Enqueues one launch on `stream` that writes `copies` (planned from `p` with plan_biased_copies).
+cudaError_t launch_fold_biases(const AttentionParams& p, const BiasedCopies& copies, cudaStream_t stream);
 
 }  // namespace opsfuse::cuda::detail
