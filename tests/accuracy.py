@@ -29,6 +29,14 @@ def random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv):
     return q, k, v
 
 
+def biased_sums(x, bias):
+    """x + bias (numpy broadcasting) twice: rounded to x's dtype from a float32 sum -- the graph's
+    Add, and so the inputs of PyTorch's yardstick -- and exact in float64, the reference's inputs
+    (assert_within_2x_torch's `exact`)."""
+    rounded = (x.astype(np.float32) + bias.astype(np.float32)).astype(x.dtype)
+    return rounded, x.astype(np.float64) + bias.astype(np.float64)
+
+
 def random_mask(rng, kind, shape, dtype):
     """A fresh mask of `shape`: bool (70 % True) or additive in `dtype` (standard normal, 20 %
     -inf)."""

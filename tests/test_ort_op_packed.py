@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from accuracy import assert_within_2x_torch, random_mask
+from accuracy import assert_within_2x_torch, biased_sums, random_mask
 from ort_helpers import (assert_onnx_shape_inference_rejects, call_kwargs, ONNX_TYPE, FusedAttentionRunner,
                          reference_kwargs, run_session)
 from opsfuse import contract, schema
@@ -215,13 +215,8 @@ def test_every_feature_at_once(packed, unpacked):
 def biased_windows(p, bias, hq, hkv):
     """(rounded, exact): the Q, K, V windows of p + bias rounded to p's dtype (float32 sums, the
     graph's Add), and the same sums in float64."""
-    windows = packed_qkv_windows(p, p, p, hq, hkv)
-    d = p.shape[2] // (hq + 2 * hkv)
-    cuts = np.cumsum([0, hq * d, hkv * d, hkv * d])
-    parts = [bias[cuts[i]:cuts[i + 1]] for i in range(3)]
-    rounded = tuple((w.astype(np.float32) + b.astype(np.float32)).astype(p.dtype) for w, b in zip(windows, parts))
-    exact = tuple(w.astype(np.float64) + b.astype(np.float64) for w, b in zip(windows, parts))
-    return rounded, exact
+    rounded, exact = biased_sums(p, bias)
+    return packed_qkv_windows(rounded, rounded, rounded, hq, hkv), packed_qkv_windows(exact, exact, exact, hq, hkv)
 
 
 def check_biased(packed, unpacked, p, bias, hq, hkv, what, **kwargs):

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from accuracy import assert_within_2x_torch, random_inputs
+from accuracy import assert_within_2x_torch, biased_sums, random_inputs
 from cuda_helpers import fresh_rng, poisoned, require_cuda_module, to_device, to_numpy
 
 pytestmark = pytest.mark.gpu
@@ -37,10 +37,7 @@ def biased(x, bias, exact: bool):
     """x (B, H, S, D) plus bias (H*D,) per head: in float64, or rounded to x's dtype from float32."""
     if bias is None:
         return x.astype(np.float64) if exact else x
-    b = bias.reshape(1, x.shape[1], 1, x.shape[3])
-    if exact:
-        return x.astype(np.float64) + b.astype(np.float64)
-    return (x.astype(np.float32) + b.astype(np.float32)).astype(x.dtype)
+    return biased_sums(x, bias.reshape(1, x.shape[1], 1, x.shape[3]))[1 if exact else 0]
 
 
 def run_biased(q, k, v, biases, attn_mask=None, key_lengths=None, **attrs):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from accuracy import assert_within_2x_torch, random_inputs
+from accuracy import assert_within_2x_torch, biased_sums, random_inputs
 from cuda_helpers import BF16, fresh_rng, poisoned, to_device, to_numpy
 from ort_helpers import fused_attention_model
 
@@ -252,8 +252,7 @@ def test_ort_cuda_ep_packed_qkv_bias(ort, case, monkeypatch):
     def heads(x, lo, n):  # columns [lo*D, (lo+n)*D) of x as (B, n, S, D)
         return np.ascontiguousarray(x[..., lo * d:(lo + n) * d].reshape(b, s, n, d).transpose(0, 2, 1, 3))
 
-    exact_p = p.astype(np.float64) + bias.astype(np.float64)
-    rounded_p = (p.astype(np.float32) + bias.astype(np.float32)).astype(dtype)
+    rounded_p, exact_p = biased_sums(p, bias)
     windows = ((0, hq), (hq, hkv), (hq + hkv, hkv))
     assert_within_2x_torch(out, *(heads(rounded_p, lo, n) for lo, n in windows), mask, None, attrs.get("scale"),
                            attrs.get("is_causal", 0), attrs.get("softcap", 0.0),
