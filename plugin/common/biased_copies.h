@@ -25,12 +25,15 @@ struct BiasedCopies {
   BiasedCopy copy[3];       // the first `count` are used, in the order Q, K, V
   int count = 0;
   size_t bytes = 0;         // all copies, each starting `align`-aligned from base
-  AttentionParams reading;  // p reading the copies: their pointers and dense strides, no biases
+  AttentionParams reading;  // p reading the copies: their pointers and dense strides, no biases but
+                            // V's when it is not copied
 };
 
 // The copies of `p`'s biased tensors laid out from `base` (itself `align`-aligned), one after the
-// other, each rounded up to `align` bytes. A null base gives the sizes.
-inline BiasedCopies plan_biased_copies(const AttentionParams& p, void* base, size_t align) {
+// other, each rounded up to `align` bytes. A null base gives the sizes. copy_v = false leaves V and
+// its bias to a kernel that adds the bias in its epilogue (O / l + b: no copy, and its sums keep V's
+// own magnitude instead of V + b's).
+inline BiasedCopies plan_biased_copies(const AttentionParams& p, void* base, size_t align, bool copy_v = true) {
   BiasedCopies out;
   out.reading = p;
   const size_t elem = p.dtype == DType::kFloat32 ? 4 : 2;
@@ -55,8 +58,9 @@ inline BiasedCopies plan_biased_copies(const AttentionParams& p, void* base, siz
   AttentionParams& r = out.reading;
   add(p.q, p.q_stride, p.q_bias, p.heads_q, p.seq_q, p.head_dim, &r.q, r.q_stride);
   add(p.k, p.k_stride, p.k_bias, p.heads_kv, p.seq_k, p.head_dim, &r.k, r.k_stride);
-  add(p.v, p.v_stride, p.v_bias, p.heads_kv, p.seq_k, p.head_dim_v, &r.v, r.v_stride);
-  r.q_bias = r.k_bias = r.v_bias = nullptr;
+  if (copy_v) add(p.v, p.v_stride, p.v_bias, p.heads_kv, p.seq_k, p.head_dim_v, &r.v, r.v_stride);
+  r.q_bias = r.k_bias = nullptr;
+  if (copy_v) r.v_bias = nullptr;
   return out;
 }
 

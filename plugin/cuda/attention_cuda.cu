@@ -568,17 +568,42 @@ bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>
 bool fuses_biases(const AttentionParams& p, const Plan& plan) {
   return plan.kind == KernelKind::kHopper && !(p.softcap > 0.0f && p.k_bias != nullptr);
 }
+// Kernels that add V's bias in their epilogue (O + l b before the division by l, which also holds
+// for split partials: the combine's weights are linear in l); the decode kernels read a copy.
+bool adds_v_bias(const Plan& plan) {
+  return plan.kind == KernelKind::kHopper || plan.kind == KernelKind::kTensorCore ||
+         plan.kind == KernelKind::kFloat32;
+}
 // Where planning places the biased copies before the workspace exists (choose_plan() reads pointer
 // alignment only; the real copies start 256-byte aligned too).
 void* const kPlanningBase = reinterpret_cast<void*>(uintptr_t{1} << 12);
-// The biased copies of `p` read from `base` (kPlanningBase while planning).
-AttentionParams folded_params(const AttentionParams& p, void* base) {
-  return plan_biased_copies(p, base, detail::kBiasedCopyAlign).reading;
+
+// What a launch of `p` runs: its plan, the params its kernel reads (the biased copies placed at
+// kPlanningBase), and the copies' workspace (room to align their start included; the kernel's own
+// workspace follows them). One function for workspace_size() and the launch, so that both agree.
+struct LaunchPlan {
+  Plan plan;
+  AttentionParams reads;
+  bool copy_v = false;
+  size_t copy_bytes = 0;
+};
+LaunchPlan plan_launch(const AttentionParams& p, const DeviceInfo& dev, const Switches& sw, bool allow_hopper) {
+  LaunchPlan lp;
+  lp.reads = p;
+  lp.plan = choose_plan(p, dev, sw, allow_hopper);
+  if (!has_bias(p) || fuses_biases(p, lp.plan)) return lp;
+  // Copies of Q and K; V's too when the kernel chosen for the copies does not add V's bias.
+  for (const bool copy_v : {false, true}) {
+    const BiasedCopies copies = plan_biased_copies(p, kPlanningBase, detail::kBiasedCopyAlign, copy_v);
+    lp.copy_v = copy_v;
+    lp.reads = copies.reading;
+    lp.copy_bytes = copies.count > 0 ? copies.bytes + detail::kBiasedCopyAlign : 0;
+    lp.plan = choose_plan(lp.reads, dev, sw, allow_hopper);
+    if (lp.reads.v_bias == nullptr || adds_v_bias(lp.plan)) break;
+  }
+  return lp;
 }
-// Workspace for the biased copies of `p`, with room to align their start.
-size_t fold_bytes(const AttentionParams& p) {
-  return plan_biased_copies(p, nullptr, detail::kBiasedCopyAlign).bytes + detail::kBiasedCopyAlign;
-}
+size_t workspace_need(const LaunchPlan& lp) { return lp.copy_bytes + workspace_for(lp.reads, lp.plan); }
 
 template <typename T>
 __global__ void combine_splits_kernel(const KernelArgs a) {
@@ -667,17 +692,9 @@ size_t workspace_size(const AttentionParams& p) {
   DeviceInfo dev;
   if (device_info(&dev) != cudaSuccess) return 0;
   const Switches sw = read_switches();
-  const Plan hopper = choose_plan(p, dev, sw);
-  if (!has_bias(p))
-    return std::max(workspace_for(p, choose_plan(p, dev, sw, /*allow_hopper=*/false)),
-                    workspace_for(p, hopper));  // see the top
-  // Biases: the biased copies and the plans for them (every plan but the Hopper kernel's fused
-  // one, which may still fall back to them), or the fused plan's own.
-  const AttentionParams f = folded_params(p, kPlanningBase);
-  size_t bytes = fold_bytes(p) + std::max(workspace_for(f, choose_plan(f, dev, sw, /*allow_hopper=*/false)),
-                                          workspace_for(f, choose_plan(f, dev, sw)));
-  if (fuses_biases(p, hopper)) bytes = std::max(bytes, workspace_for(p, hopper));
-  return bytes;
+  // The chosen plan and the portable one that a TMA refusal falls back to (see the top).
+  return std::max(workspace_need(plan_launch(p, dev, sw, /*allow_hopper=*/true)),
+                  workspace_need(plan_launch(p, dev, sw, /*allow_hopper=*/false)));
 }
 
 namespace {
@@ -717,43 +734,38 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   err = device_info(&dev);
   if (err != cudaSuccess) return cuda_fail(err, "reading the device's attributes");
   const Switches sw = read_switches();
-  Plan plan = choose_plan(p, dev, sw);
   // Biases that the chosen kernel does not add: the kernels read biased copies at the workspace's
   // start (bias_fold.h), planned for as what they are (dense tensors), the kernel's own workspace
-  // after them. `qkv` is what the kernel reads.
-  AttentionParams qkv = p;
-  size_t copy_bytes = 0;
-  if (has_bias(p) && !fuses_biases(p, plan)) {
-    copy_bytes = fold_bytes(p);
-    qkv = folded_params(p, kPlanningBase);
-    plan = choose_plan(qkv, dev, sw);
-  }
+  // after them.
+  const LaunchPlan chosen = plan_launch(p, dev, sw, /*allow_hopper=*/true);
+  Plan plan = chosen.plan;
   // A workspace sized for another shape (TensorRT samples its profile's range) may lack stream-K's
   // partial slots: the static order then, which needs none.
-  if (plan.stream_k && !scratch.ensure(copy_bytes + workspace_for(qkv, plan))) plan.stream_k = false;
-  const size_t need = copy_bytes + workspace_for(qkv, plan);
+  if (plan.stream_k && !scratch.ensure(workspace_need(chosen))) plan.stream_k = false;
   auto short_of = [&](size_t bytes) {
     if (scratch.alloc != nullptr) return fail(Status::kDeviceError, "could not allocate the launch's scratch space");
     Message os;
     os << "the launch needs " << bytes << " bytes of workspace (workspace_size), got " << scratch.bytes;
     return fail(Status::kInvalidArgument, os.str());
   };
+  const size_t need = chosen.copy_bytes + workspace_for(chosen.reads, plan);
   if (!scratch.ensure(need)) return short_of(need);
-  // Writes `from`'s biased copies at the (256-byte aligned) start of the scratch space; returns
-  // the params reading them and moves `workspace` past them.
+  // Writes the biased copies that `lp` reads at the (256-byte aligned) start of the scratch space
+  // and moves `workspace` past them; returns the params reading them.
   void* workspace = scratch.ptr;
-  auto fold_into_scratch = [&](const AttentionParams& from) {
+  auto place_copies = [&](const LaunchPlan& lp) {
+    workspace = scratch.ptr;
+    err = cudaSuccess;
+    if (lp.copy_bytes == 0) return lp.reads;
     constexpr uintptr_t kAlign = detail::kBiasedCopyAlign;
     void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.ptr) + kAlign - 1) & ~(kAlign - 1));
-    const BiasedCopies copies = plan_biased_copies(from, base, kAlign);
+    const BiasedCopies copies = plan_biased_copies(p, base, kAlign, lp.copy_v);
     workspace = static_cast<char*>(base) + copies.bytes;
-    err = detail::launch_fold_biases(from, copies, stream);
+    err = detail::launch_fold_biases(p, copies, stream);
     return copies.reading;
   };
-  if (copy_bytes > 0) {
-    qkv = fold_into_scratch(p);
-    if (err != cudaSuccess) return cuda_fail(err, "launching the bias copies' kernel");
-  }
+  const AttentionParams qkv = place_copies(chosen);
+  if (err != cudaSuccess) return cuda_fail(err, "launching the bias copies' kernel");
 
   KernelArgs a{};
 #ifdef OPSFUSE_HOPPER_TRACE
@@ -816,7 +828,7 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
   };
   bind_splits(plan);
   a.sched_heads = plan.sched_heads;
-  // The ticket counter, 4-byte aligned qkv the workspace's first kTicketBytes (zeroed by launch_hopper).
+  // The ticket counter, 4-byte aligned at the workspace's first kTicketBytes (zeroed by launch_hopper).
   a.tile_counter = plan.sched_heads > 0
                        ? reinterpret_cast<int*>((reinterpret_cast<uintptr_t>(workspace) + 3) & ~uintptr_t(3))
                        : nullptr;
@@ -841,25 +853,19 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
     // launched): the portable plan instead, when the workspace covers it (workspace_size() counts
     // it; a caller that sized the workspace for the Hopper plan alone may fall short) or the
     // scratch allocator hands out what it needs.
-    // Biases the Hopper kernel would have added: the portable kernels read biased copies.
-    const bool fold = has_bias(qkv);
-    const AttentionParams planned = fold ? folded_params(qkv, kPlanningBase) : qkv;
-    const Plan fallback = choose_plan(planned, dev, sw, /*allow_hopper=*/false);
-    const size_t fallback_need = (fold ? fold_bytes(qkv) : 0) + workspace_for(planned, fallback);
-    const bool room = scratch.ensure(fallback_need);
-    if (!room && fold) return short_of(fallback_need);  // never run without the biases
-    const RunFn fallback_run = room ? pick_kernel(p, fallback) : nullptr;
+    // Planned from `p` again, biases included (the copies are rewritten in stream order; nothing
+    // has read them yet).
+    const LaunchPlan portable = plan_launch(p, dev, sw, /*allow_hopper=*/false);
+    const bool room = scratch.ensure(workspace_need(portable));
+    if (!room && has_bias(p)) return short_of(workspace_need(portable));  // never run without the biases
+    const RunFn fallback_run = room ? pick_kernel(p, portable.plan) : nullptr;
     if (fallback_run != nullptr) {
-      workspace = scratch.ptr;
-      if (fold) {
-        qkv = fold_into_scratch(qkv);
-        if (err != cudaSuccess) return cuda_fail(err, "launching the bias copies' kernel");
-        bind_inputs(qkv);
-      }
-      bind_splits(fallback);
-      g_last_kind = static_cast<int>(fallback.kind);
-      ran = fallback;
-      err = fallback_run(a, fallback, stream);
+      bind_inputs(place_copies(portable));
+      if (err != cudaSuccess) return cuda_fail(err, "launching the bias copies' kernel");
+      bind_splits(portable.plan);
+      g_last_kind = static_cast<int>(portable.plan.kind);
+      ran = portable.plan;
+      err = fallback_run(a, portable.plan, stream);
     }
   }
   if (err != cudaSuccess) return cuda_fail(err, "launching the FusedAttention kernel");

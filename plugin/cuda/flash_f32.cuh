@@ -281,6 +281,14 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? (kD == 64 ? 3 : 2) 
     l += __shfl_xor_sync(0xffffffffu, l, 16);
     const RowInfo r = make_row(a, b, hk, row0 + ti + TI * x, len);
     if (!r.valid) continue;
+    if (a.v_bias != nullptr) {  // V's bias as O + l b (kernel_args.h)
+      const float* vb = static_cast<const float*>(a.v_bias) + hk * Dv;
+#pragma unroll
+      for (int c = 0; c < RG * 4; ++c) {
+        const int col = tj * 4 + 32 * (c / 4) + c % 4;
+        if (col < Dv) o[x][c] = fmaf(l, vb[col], o[x][c]);
+      }
+    }
     const int64_t grow = (static_cast<int64_t>(b) * a.heads_q + r.head) * a.seq_q + r.pos;
     float* dst;
     float mul;

@@ -19,9 +19,10 @@ struct KernelArgs {
   const void* key_lengths;  // (B,) int32 or int64, or null
   int key_lengths_int64;
   int mask_kind;  // 0 none, 1 bool, 2 additive (MaskKind)
-  // Biases the Hopper prefill kernel adds itself (bias_fold.h; null otherwise, and always for the
-  // other kernels, which read biased copies): Q's (Hq*D,) into its Q tile, V's (Hkv*Dv,) in the
-  // epilogue; K's is left out there (a per-row constant of the scores, which softmax removes).
+  // Biases the kernel adds itself (null where it reads biased copies, bias_fold.h). Q's (Hq*D,):
+  // the Hopper prefill kernel only, into its Q tile (it leaves K's out: a per-row constant of the
+  // scores, which softmax removes). V's (Hkv*Dv,): the Hopper prefill, mma.sync and float32 kernels,
+  // as O + l b before the division by l (split partials included); the decode kernels read a copy.
   const void* q_bias;
   const void* v_bias;
 

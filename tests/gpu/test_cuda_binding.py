@@ -43,7 +43,7 @@ def check(q, k, v, attn_mask=None, key_lengths=None, seed=None, **attrs):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("d", [40, 64, 80, 96, 128, 256])
-@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 1025), (97, 97), (1025, 97), (7, 1025)])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 1025), (97, 97), (1025, 97), (7, 1025), (1025, 1025)])
 def test_sizes(dtype, d, sq, sk):
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, 1, 2, 2, sq, sk, d, d)
