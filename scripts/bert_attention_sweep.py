@@ -7,7 +7,8 @@ cuDNN there (run on the device; docs/notes/cuda_kernel.md quotes the output).
 
 Layouts: bhsd (contiguous (B,H,S,D)), const (the same with every element 1.06, as the check
 driver's --bench), bsh (three (B,S,H*D) tensors, as the 3-D rewrite reads the
-projections), packed (one (B,S,3*H*D) tensor, the --pack-qkv form). Masks (B,1,1,S): none, additive
+projections), packed (one (B,S,3*H*D) tensor, the --pack-qkv form), packed_bias (the same with
+the projection's bias as q_bias / k_bias / v_bias, as the rewrite's qkv_bias feeds it). Masks (B,1,1,S): none, additive
 zeros, additive padded as transformers builds it ((1 - m) * finfo(fp16).min, rows padded as
 bench.bert pads them), bool padded. Each timed by the benchmark's graph timer over rotated input
 sets; cuDNN (PyTorch SDPA) on the contiguous layout without a mask first, as the floor to reach.
@@ -55,6 +56,12 @@ def qkv_of(layout, s):
     return tuple(packed[:, :, i].transpose(1, 2) for i in range(3))
 
 
+def biases_of(layout):
+    if layout != "packed_bias":
+        return {}
+    return {n: 0.5 * torch.randn(H * D, device="cuda", dtype=torch.float16) for n in ("q_bias", "k_bias", "v_bias")}
+
+
 def main():
     variants = sys.argv[1:] or ["D=1"]
     for s in (128, 512):
@@ -68,14 +75,15 @@ def main():
 
         print(f"S={s}: cuDNN bhsd no mask {time_graph(torch, [lambda x=x: cudnn(*x) for x in base], 7):.1f} us",
               flush=True)
-        for layout in os.environ.get("BERT_LAYOUTS", "bhsd,const,bsh,packed").split(","):
+        for layout in os.environ.get("BERT_LAYOUTS", "bhsd,const,bsh,packed,packed_bias").split(","):
             sets = base if layout == "bhsd" else [qkv_of(layout, s) for _ in range(n_sets)]
+            bias = biases_of(layout)
             for kind in ("none", "add0", "add_pad", "bool_pad"):
                 m = mask_of(kind, s)
                 line = [f"  {layout:6s} {kind:8s}"]
                 for spec in variants:
                     with env_variant(spec):
-                        us = time_graph(torch, [lambda x=x: oc.fused_attention(*x, attn_mask=m) for x in sets], 7)
+                        us = time_graph(torch, [lambda x=x: oc.fused_attention(*x, attn_mask=m, **bias) for x in sets], 7)
                     line.append(f"{spec} {us:.1f}")
                 print("  ".join(line), flush=True)
             if layout != "bhsd":
