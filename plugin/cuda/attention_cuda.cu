@@ -30,8 +30,6 @@
 //                                  fits in one split round (hopper_tail_split()).
 //   OPSFUSE_CUDA_HOPPER_STREAM_K=0 / 1  (A/B, tests) no stream-K schedule / one wherever the
 //                                  kernel takes it (hopper_stream_k()).
-//   OPSFUSE_CUDA_HOPPER_Q_BIAS_PRODUCER=0  (A/B, tests) the Hopper kernel's consumers add Q's bias
-//                                  to their Q tile instead of the producer warpgroup's bias warp.
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -138,8 +136,8 @@ Switches read_switches() {
   static constexpr const char* kNames[] = {
       "DISABLE_HOPPER",    "FORCE_HOPPER",       "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
-      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_Q_BIAS_PRODUCER", "DECODE_SPLITS",
-      "DECODE_NO_CLUSTER", "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
+      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "DECODE_SPLITS",       "DECODE_NO_CLUSTER",
+      "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
                 "one name per Switch, in its order");
   static constexpr char kPrefix[] = "OPSFUSE_CUDA_";
@@ -808,7 +806,6 @@ Status launch_with(const AttentionParams& p, Scratch& scratch, void* stream_ptr)
     }
     a.q_bias = r.q_bias;
     a.v_bias = r.v_bias;
-    a.q_bias_producer = sw.is(Switch::kHopperQBiasProducer, '0') ? 0 : 1;
     bool vec = aligned(r.q, 16) && aligned(r.k, 16) && aligned(r.v, 16);
     for (int i = 0; i < 3; ++i)
       vec = vec && (r.q_stride[i] * esize) % 16 == 0 && (r.k_stride[i] * esize) % 16 == 0 &&

@@ -25,7 +25,6 @@ struct KernelArgs {
   // as O + l b before the division by l (split partials included); the decode kernels read a copy.
   const void* q_bias;
   const void* v_bias;
-  int q_bias_producer;  // Hopper: 1 the producer warpgroup adds Q's bias, 0 the consumers (A/B switch)
 
   int batch, heads_q, heads_kv, group, seq_q, seq_k, head_dim, head_dim_v;
   // Rows of one (batch, kv head): the `group` query heads that share the kv head, times Sq.
@@ -94,7 +93,6 @@ enum class Switch : int {
   kHopperDynamic,       // OPSFUSE_CUDA_HOPPER_DYNAMIC
   kHopperSchedHeads,    // OPSFUSE_CUDA_HOPPER_SCHED_HEADS
   kHopperStreamK,       // OPSFUSE_CUDA_HOPPER_STREAM_K
-  kHopperQBiasProducer, // OPSFUSE_CUDA_HOPPER_Q_BIAS_PRODUCER
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION

@@ -134,7 +134,6 @@ HOPPER_SCHEDULES = {
     "key_splits": ({"OPSFUSE_CUDA_HOPPER_SPLITS": "3"}, 1, 2, 1, 1500, 128),
     "tail_split": ({"OPSFUSE_CUDA_HOPPER_TAIL_SPLIT": "1", "OPSFUSE_CUDA_HOPPER_PERSISTENT": "1"}, 1, 12, 12, 2048, 64),
     "registers_store": ({"OPSFUSE_CUDA_HOPPER_TMA_STORE": "0"}, 2, 4, 2, 700, 128),
-    "q_bias_by_consumers": ({"OPSFUSE_CUDA_HOPPER_Q_BIAS_PRODUCER": "0"}, 2, 8, 2, 1100, 64),
     "portable_copies": ({"OPSFUSE_CUDA_DISABLE_HOPPER": "1"}, 2, 4, 2, 700, 128),
     # 12 row tiles on the SMs: the mma.sync kernel splits the keys, V's bias goes into each partial
     "portable_splits": ({"OPSFUSE_CUDA_DISABLE_HOPPER": "1"}, 1, 2, 1, 1500, 128),
@@ -150,27 +149,6 @@ def test_hopper_schedules(dtype, case, monkeypatch):
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, s, s, d, d)
     check_biased(q, k, v, random_biases(rng, dtype, hq, hkv, d, d), seed=seed, what=case)
-
-
-@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
-@pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("order", ["static", "dynamic"])
-def test_q_bias_in_producer_or_consumers_same_bits(dtype, d, order, monkeypatch):
-    """The Hopper kernel adds Q's bias in its producer warpgroup (ahead of the consumers) or, as
-    the A/B switch has it, in the consumers after their Q wait: both round q + b to the dtype the
-    same way, so the outputs are the same bits, over persistent grids of several rounds per block."""
-    monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_PERSISTENT", "1")
-    monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_DYNAMIC", "1" if order == "dynamic" else "0")
-    rng, seed = fresh_rng()
-    q, k, v = random_inputs(rng, dtype, 3, 12, 4, 900, 900, d, d)
-    biases = random_biases(rng, dtype, 12, 4, d, d)
-    monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_Q_BIAS_PRODUCER", "0")
-    consumers = run_biased(q, k, v, biases)
-    monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_Q_BIAS_PRODUCER", "1")
-    producer = run_biased(q, k, v, biases)
-    np.testing.assert_array_equal(producer.view(np.uint8), consumers.view(np.uint8),
-                                  err_msg=f"Q's bias placements disagree (seed {seed})")
-    check_biased(q, k, v, biases, seed=seed, what=f"Q bias in the producer, D={d} {order}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   extern __shared__ uint8_t smem_raw[];
   constexpr int kQBuffers = Cfg::kQBuffers;
-  __shared__ __align__(8) uint64_t bars[4 * kQBuffers + 4 * kStages];
+  __shared__ __align__(8) uint64_t bars[3 * kQBuffers + 4 * kStages];
   __shared__ int item_slot[kQBuffers];  // round r's item (slot r % kQBuffers), from the scheduler thread
   __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
   __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
@@ -363,14 +363,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // completes (the scheduler thread's arrive, see the producer).
   auto bar_sched = [&](int r) { return smem_u32(&bars[4 * kStages + 2 * kQBuffers + r % kQBuffers]); };
   auto q_parity = [&](int r) { return static_cast<uint32_t>((r / kQBuffers) & 1); };
-  // With Q's bias added by the producer (q_bias_by_producer()): Q's bytes land on this barrier,
-  // which the bias warp waits for; it then takes the loading thread's place on bar_q.
-  auto bar_qraw = [&](int r) { return smem_u32(&bars[4 * kStages + 3 * kQBuffers + r % kQBuffers]); };
-  // Q's bias (a.q_bias) added by the producer warpgroup's fourth warp, between Q's load and the
-  // consumers' wait on bar_q: off the consumers' path whenever the next item's Q loads ahead
-  // (kQBuffers = 2); a.q_bias_producer = 0 (A/B), and D = 256 (one Q buffer; the producer's 24
-  // registers spilled): the consumers add it after their Q wait.
-  auto q_bias_by_producer = [&]() { return kD != 256 && a.q_bias != nullptr && a.q_bias_producer != 0; };
 
   // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
   // (K/V reuse in L2), heaviest (causal) first. n_work items in all: one per block unless the
@@ -539,7 +531,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bar_q(b), 2);  // the loading thread's arrive (with Q's bytes) and the work thread's
       mbar_init(bar_sched(b), 1);
       mbar_init(bar_qempty(b), kConsumerWarps);
-      mbar_init(bar_qraw(b), 1);
     }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_kfull(s), 1);
@@ -613,11 +604,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
         const Work wk = scheduled_work(round, w);
         const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
-        const uint32_t q_bar = q_bias_by_producer() ? bar_qraw(round) : bar_q(round);
-        mbar_expect_tx(q_bar, Cfg::kQBytes);
+        mbar_expect_tx(bar_q(round), Cfg::kQBytes);
 #pragma unroll
         for (int c = 0; c < kRegions; ++c)
-          tma_load_4d(sq + c * kBM * 128, &tm_q, q_bar, c * 64, wk.row0, wk.h, wk.b);
+          tma_load_4d(sq + c * kBM * 128, &tm_q, bar_q(round), c * 64, wk.row0, wk.h, wk.b);
         for (int it = wk.t_begin; it < wk.t_end; ++it, ++kv) {
           const int s = kv % kStages;
           const uint32_t empty_parity = ((kv / kStages) & 1) ^ 1;  // first use of a stage passes at once
@@ -632,53 +622,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int c = 0; c < kRegions; ++c)
             tma_load_4d(sV + s * Cfg::kKVBytes + c * kBN * 128, &tm_v, bar_vfull(s), c * 64, it * kBN, wk.hk, wk.b);
         }
-      }
-    }
-    if (tid >= 96 && q_bias_by_producer()) {
-      // The bias warp: each round's Q tile (all kBM rows, 16-byte chunks through the swizzle: chunk
-      // k of row r sits at k ^ (r % 8)) gets the item's head's bias, as the consumers' pass below
-      // adds it (the same bits: round_T(q + b)); then a proxy fence for wgmma and this warp's
-      // arrive on bar_q in the loading thread's place. The round's item comes from the scheduler's
-      // slot, read before that arrive (so the slot cannot be reused under it, as for the work
-      // thread). A lane's chunks are lane, lane + 32, ...: one column group, since 32 is a
-      // multiple of the kRegions * 8 chunks of a row (D <= 128) or equal to them (D = 256).
-      constexpr int kRowChunks = kRegions * 8;
-      const int lane = tid % 32, lc = lane % kRowChunks;
-      const int col = (lc / 8) * 64 + (lc % 8) * 8;
-      for (int round = 0;; ++round) {
-        mbar_wait(bar_sched(round), q_parity(round));
-        const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
-        if (w >= n_work) break;  // the loading thread arrives on this round's bar_q
-        const int h = (w / row_tiles()) % a.heads_q;  // work_of's query head
-        const unsigned short* qb = static_cast<const unsigned short*>(a.q_bias) + h * a.head_dim + col;
-        uint32_t qb_pair[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const uint32_t lo = col + 2 * e < a.head_dim ? qb[2 * e] : 0u;
-          const uint32_t hi = col + 2 * e + 1 < a.head_dim ? qb[2 * e + 1] : 0u;
-          qb_pair[e] = lo | (hi << 16);
-        }
-        const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes + (lc / 8) * (kBM * 128);
-        mbar_wait(bar_qraw(round), q_parity(round));
-#pragma unroll 1
-        for (int r = lane / kRowChunks; r < kBM; r += 32 / kRowChunks) {
-          const uint32_t addr = sq + r * 128 + (((lc % 8) ^ (r % 8)) << 4);
-          uint32_t x[4];
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
-                       : "r"(addr));
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 v = unpack2<T>(x[e]), bias = unpack2<T>(qb_pair[e]);
-            x[e] = pack2<T>(v.x + bias.x, v.y + bias.y);
-          }
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x[0]), "r"(x[1]), "r"(x[2]),
-                       "r"(x[3])
-                       : "memory");
-        }
-        fence_proxy_async_smem();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_q(round));
       }
     }
     // The split merge's two cluster barriers count every thread of the cluster: a key-split
@@ -1085,7 +1028,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // kRegions * 8 chunks of a row), so its 8 bias values are loaded once, before the Q wait, whose
     // latency they share (loaded inside the rolled loop, session 16's first version, they were on the
     // critical path of every item, 4 x 8 loads in sequence).
-    const bool add_q_bias = a.q_bias != nullptr && !q_bias_by_producer() && n_tiles > 0;
+    const bool add_q_bias = a.q_bias != nullptr && n_tiles > 0;
     // V's bias (a.v_bias): this thread's output columns' values as T pairs, loaded while the item's
     // last P V product runs (D = 64) or in the epilogue, and added there.
     uint32_t vb_pair[kD / 8];
