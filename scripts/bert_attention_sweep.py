@@ -8,7 +8,8 @@ cuDNN there (run on the device; docs/notes/cuda_kernel.md quotes the output).
 Layouts: bhsd (contiguous (B,H,S,D)), const (the same with every element 1.06, as the check
 driver's --bench), bsh (three (B,S,H*D) tensors, as the 3-D rewrite reads the
 projections), packed (one (B,S,3*H*D) tensor, the --pack-qkv form), packed_bias (the same with
-the projection's bias as q_bias / k_bias / v_bias, as the rewrite's qkv_bias feeds it). Masks (B,1,1,S): none, additive
+the projection's bias as q_bias / k_bias / v_bias, as the rewrite's qkv_bias feeds it; packed_qbias
+and packed_vbias: Q's or V's alone). Masks (B,1,1,S): none, additive
 zeros, additive padded as transformers builds it ((1 - m) * finfo(fp16).min, rows padded as
 bench.bert pads them), bool padded. Each timed by the benchmark's graph timer over rotated input
 sets; cuDNN (PyTorch SDPA) on the contiguous layout without a mask first, as the floor to reach.
@@ -57,9 +58,8 @@ def qkv_of(layout, s):
 
 
 def biases_of(layout):
-    if layout != "packed_bias":
-        return {}
-    return {n: 0.5 * torch.randn(H * D, device="cuda", dtype=torch.float16) for n in ("q_bias", "k_bias", "v_bias")}
+    which = {"packed_bias": "qkv", "packed_qbias": "q", "packed_vbias": "v"}.get(layout, "")
+    return {f"{n}_bias": 0.5 * torch.randn(H * D, device="cuda", dtype=torch.float16) for n in which}
 
 
 def main():

@@ -41,11 +41,15 @@ def biased(x, bias, exact: bool):
     return biased_sums(x, bias.reshape(1, x.shape[1], 1, x.shape[3]))[1 if exact else 0]
 
 
-def run_biased(q, k, v, biases, attn_mask=None, key_lengths=None, **attrs):
+def run_biased(q, k, v, biases, attn_mask=None, key_lengths=None, misaligned=False, **attrs):
+    """misaligned: each bias 2 bytes past a 16-byte boundary (a view one element into a copy)."""
     cuda = require_cuda_module()
     import torch
 
-    qb, kb, vb = (None if b is None else to_device(b) for b in biases)
+    def device_bias(b):
+        return to_device(np.concatenate([b[:1], b]))[1:] if misaligned else to_device(b)
+
+    qb, kb, vb = (None if b is None else device_bias(b) for b in biases)
     tm = None if attn_mask is None else to_device(attn_mask)
     tl = None if key_lengths is None else torch.from_numpy(np.asarray(key_lengths)).to("cuda")
     out = poisoned((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), q.dtype)
@@ -55,8 +59,8 @@ def run_biased(q, k, v, biases, attn_mask=None, key_lengths=None, **attrs):
     return to_numpy(y, q.dtype)
 
 
-def check_biased(q, k, v, biases, attn_mask=None, key_lengths=None, seed=None, what="", **attrs):
-    out = run_biased(q, k, v, biases, attn_mask, key_lengths, **attrs)
+def check_biased(q, k, v, biases, attn_mask=None, key_lengths=None, seed=None, what="", misaligned=False, **attrs):
+    out = run_biased(q, k, v, biases, attn_mask, key_lengths, misaligned, **attrs)
     assert np.all(np.isfinite(out.astype(np.float64))), f"{what}: NaN/unwritten output (seed {seed})"
     rounded = tuple(biased(x, b, exact=False) for x, b in zip((q, k, v), biases))
     exact = tuple(biased(x, b, exact=True) for x, b in zip((q, k, v), biases))
@@ -149,6 +153,15 @@ def test_hopper_schedules(dtype, case, monkeypatch):
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, s, s, d, d)
     check_biased(q, k, v, random_biases(rng, dtype, hq, hkv, d, d), seed=seed, what=case)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_biases_off_16_byte_boundaries(dtype, d):
+    """The Hopper kernel bulk-copies 16-byte aligned bias rows; others take the copies' path."""
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, 2, 4, 2, 300, 300, d, d)
+    check_biased(q, k, v, random_biases(rng, dtype, 4, 2, d, d), seed=seed, what=f"misaligned D={d}", misaligned=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
