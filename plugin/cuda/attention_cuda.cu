@@ -563,20 +563,16 @@ std::string check_params(const AttentionParams& p) {
 
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-// Biases (AttentionParams::q_bias ...; bias_fold.h). The Hopper prefill kernel bulk-copies each
-// item's bias rows into shared memory: rows it can take are 16-byte aligned (so D, Dv multiples of 8).
-bool hopper_bias_rows(const void* bias, int64_t n) { return bias == nullptr || (aligned(bias, 16) && n % 8 == 0); }
-// The Hopper prefill kernel adds all three itself, except K's under softcap (tanh does not pass a
-// per-row constant through, so it cannot be left out).
+// Biases (AttentionParams::q_bias ...; bias_fold.h): the Hopper prefill kernel adds them itself,
+// except K's under softcap (tanh does not pass a per-row constant through, so it cannot be left out).
 bool fuses_biases(const AttentionParams& p, const Plan& plan) {
-  return plan.kind == KernelKind::kHopper && !(p.softcap > 0.0f && p.k_bias != nullptr) &&
-         hopper_bias_rows(p.q_bias, p.head_dim) && hopper_bias_rows(p.v_bias, p.head_dim_v);
+  return plan.kind == KernelKind::kHopper && !(p.softcap > 0.0f && p.k_bias != nullptr);
 }
 // Kernels that add V's bias in their epilogue (O + l b before the division by l, which also holds
 // for split partials: the combine's weights are linear in l); the decode kernels read a copy.
-bool adds_v_bias(const AttentionParams& p, const Plan& plan) {
-  return (plan.kind == KernelKind::kHopper && hopper_bias_rows(p.v_bias, p.head_dim_v)) ||
-         plan.kind == KernelKind::kTensorCore || plan.kind == KernelKind::kFloat32;
+bool adds_v_bias(const Plan& plan) {
+  return plan.kind == KernelKind::kHopper || plan.kind == KernelKind::kTensorCore ||
+         plan.kind == KernelKind::kFloat32;
 }
 // Where planning places the biased copies before the workspace exists (choose_plan() reads pointer
 // alignment only; the real copies start 256-byte aligned too).
@@ -603,7 +599,7 @@ LaunchPlan plan_launch(const AttentionParams& p, const DeviceInfo& dev, const Sw
     lp.reads = copies.reading;
     lp.copy_bytes = copies.count > 0 ? copies.bytes + detail::kBiasedCopyAlign : 0;
     lp.plan = choose_plan(lp.reads, dev, sw, allow_hopper);
-    if (lp.reads.v_bias == nullptr || adds_v_bias(lp.reads, lp.plan)) break;
+    if (lp.reads.v_bias == nullptr || adds_v_bias(lp.plan)) break;
   }
   return lp;
 }

@@ -12,8 +12,7 @@
 //    with 168 each, and the consumers' 240 come only from this release, 24 x 128 + 240 x 256 =
 //    168 x 384; at 32 their setmaxnreg.inc waited forever). One thread (warp 1) decides each
 //    round's item (the static snake, or a ticket of the dynamic order), one (warp 2) publishes
-//    its Work for the consumers from round 1 on (publish_work), one (warp 3; with Q / V biases
-//    only) bulk-copies the item's bias rows into shared memory, another one (warp 0) issues
+//    its Work for the consumers from round 1 on (publish_work), another one (warp 0) issues
 //    the TMA loads (cp.async.bulk.tensor, 128-byte swizzle) of each item's Q tile (into one of
 //    Config::kQBuffers buffers, so that a persistent block's next Q is in flight during the current
 //    item) and of the K and V tiles into a kStages-deep shared-memory ring, each with a "full"
@@ -347,14 +346,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
   __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
   __shared__ int4 work_slot[kQBuffers][2];  // round r's Work for the consumers (publish_work)
-  // The item's bias rows (a.q_bias / a.v_bias: the head's D / Dv values, columns past them 0),
-  // loaded with Q (one bulk copy each on round r's Q barrier) instead of from global memory by
-  // every consumer thread, whose loads' latency sat on each item's path (session 17). Q's row is
-  // read right after the Q wait (slot r % kQBuffers, reused once the item releases Q), V's in the
-  // epilogue, after that release: its slot (r % (2 kQBuffers)) is reused only once the next item
-  // has released Q too, i.e. after this epilogue.
-  __shared__ __align__(16) unsigned short bias_q_rows[kQBuffers][kD];
-  __shared__ __align__(16) unsigned short bias_v_rows[2 * kQBuffers][kD];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
@@ -537,8 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensormap(&tm_v);
     if (Cfg::kOStage && tma_store) prefetch_tensormap(&tm_y);
     for (int b = 0; b < kQBuffers; ++b) {
-      // The loading thread's arrive (with Q's bytes), the work thread's, and the bias thread's.
-      mbar_init(bar_q(b), a.q_bias != nullptr || a.v_bias != nullptr ? 3 : 2);
+      mbar_init(bar_q(b), 2);  // the loading thread's arrive (with Q's bytes) and the work thread's
       mbar_init(bar_sched(b), 1);
       mbar_init(bar_qempty(b), kConsumerWarps);
     }
@@ -550,13 +540,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     fence_mbarrier_init();
   }
-  // Bias rows' columns past D / Dv: zero (the bulk copies write D / Dv values; none of the same bytes).
-  if (a.q_bias != nullptr)
-    for (int i = tid; i < kQBuffers * kD; i += kThreads)
-      if (i % kD >= a.head_dim) bias_q_rows[i / kD][i % kD] = 0;
-  if (a.v_bias != nullptr)
-    for (int i = tid; i < 2 * kQBuffers * kD; i += kThreads)
-      if (i % kD >= a.head_dim_v) bias_v_rows[i / kD][i % kD] = 0;
   __syncthreads();
 
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -583,7 +566,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     // A third thread (warp 2) publishes each round's Work for the consumers (publish_work) and is
-    // an arrival on that round's Q barrier, so that the consumers' wait there covers its
+    // the second arrival on that round's Q barrier, so that the consumers' wait there covers its
     // stores. (In the scheduler thread's 24 registers, beside sk_range, this spilled.) Round 0's
     // consumers compute their Work beside Q's load; this thread still reads round 0's item and
     // arrives on its Q barrier like any other round's: the consumers then cannot release round 0,
@@ -596,31 +579,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (round > 0 && w < n_work) publish_work(round, w);
         mbar_arrive(bar_q(round));
         if (w >= n_work) break;
-      }
-    }
-    // With biases (a.q_bias / a.v_bias), a fourth thread (warp 3) loads each round's bias rows
-    // (bias_q_rows, bias_v_rows) and is a third arrival on the round's Q barrier, with their bytes.
-    // The round's slots are free by then: the scheduler published the item only after round -
-    // kQBuffers released Q. (In the work thread's 24 registers, beside publish_work, this spilled.)
-    // launch_hopper takes biases only as 16-byte aligned rows, D and Dv multiples of 8 (fuses_biases).
-    if (tid == 96 && (a.q_bias != nullptr || a.v_bias != nullptr)) {
-      for (int round = 0;; ++round) {
-        mbar_wait(bar_sched(round), q_parity(round));
-        const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
-        if (w >= n_work) {
-          mbar_arrive(bar_q(round));
-          break;
-        }
-        const int h = (w / row_tiles()) % a.heads_q;  // work_of's query head
-        const uint32_t qb_bytes = a.q_bias != nullptr ? 2 * a.head_dim : 0;
-        const uint32_t vb_bytes = a.v_bias != nullptr ? 2 * a.head_dim_v : 0;
-        mbar_expect_tx(bar_q(round), qb_bytes + vb_bytes);
-        if (qb_bytes != 0)
-          bulk_load(smem_u32(bias_q_rows[round % kQBuffers]), static_cast<const char*>(a.q_bias) + h * qb_bytes,
-                    qb_bytes, bar_q(round));
-        if (vb_bytes != 0)
-          bulk_load(smem_u32(bias_v_rows[round % (2 * kQBuffers)]),
-                    static_cast<const char*>(a.v_bias) + (h / a.group) * vb_bytes, vb_bytes, bar_q(round));
       }
     }
     if (tid == 0) {
@@ -1065,46 +1023,59 @@ __global__ void __launch_bounds__(kThreads, 1)
     // once per item, before any S product reads it (16-byte chunks: the swizzle moves chunks, so
     // chunk k of row r sits at k ^ (r % 8); generic-proxy stores, then a proxy fence for wgmma and
     // the warpgroup's barrier). Q then holds round_T(q + b), as the graph's Add computed it. Rows
-    // past Sq (zero-filled) get the bias too and are never stored; columns past D get 0.
+    // past Sq (zero-filled) get the bias too and are never stored; columns past D get none.
     // A thread's chunks are t, t + 128, ...: all in one column group (128 is a multiple of the
-    // kRegions * 8 chunks of a row), so its 8 bias values are one 16-byte load of the bias row.
+    // kRegions * 8 chunks of a row), so its 8 bias values are loaded once, before the Q wait, whose
+    // latency they share (loaded inside the rolled loop, session 16's first version, they were on the
+    // critical path of every item, 4 x 8 loads in sequence).
     const bool add_q_bias = a.q_bias != nullptr && n_tiles > 0;
+    // V's bias (a.v_bias): this thread's output columns' values as T pairs, loaded while the item's
+    // last P V product runs (D = 64) or in the epilogue, and added there.
+    uint32_t vb_pair[kD / 8];
+    bool vb_loaded = false;
+    auto load_v_bias = [&]() {
+      const unsigned short* vb = static_cast<const unsigned short*>(a.v_bias) + (h / a.group) * a.head_dim_v;
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        const int c = i * 8 + 2 * (lane % 4);
+        const uint32_t lo = c < a.head_dim_v ? vb[c] : 0u;
+        const uint32_t hi = c + 1 < a.head_dim_v ? vb[c + 1] : 0u;
+        vb_pair[i] = lo | (hi << 16);
+      }
+      vb_loaded = true;
+    };
     constexpr int kRowChunks = kRegions * 8;
+    const int qb_col = ((t % kRowChunks) / 8) * 64 + (t % 8) * 8;
+    uint32_t qb_pair[4];
+    if (add_q_bias) {
+      const unsigned short* qb = static_cast<const unsigned short*>(a.q_bias) + h * a.head_dim + qb_col;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t lo = qb_col + 2 * e < a.head_dim ? qb[2 * e] : 0u;
+        const uint32_t hi = qb_col + 2 * e + 1 < a.head_dim ? qb[2 * e + 1] : 0u;
+        qb_pair[e] = lo | (hi << 16);
+      }
+    }
     mbar_wait(bar_q(round), q_parity(round));
     OPSFUSE_HOPPER_STAMP(1);  // Q is in
     __syncwarp();
     if (add_q_bias) {
-      const uint4 qb = *reinterpret_cast<const uint4*>(&bias_q_rows[round % kQBuffers]
-                                                                   [((t % kRowChunks) / 8) * 64 + (t % 8) * 8]);
-      const uint32_t qb_pair[4] = {qb.x, qb.y, qb.z, qb.w};
-      // kQbBatch chunks per step: their loads issued together, then the adds, then the stores (one
-      // chunk per step waited out each shared load's latency in turn).
-      constexpr int kQbChunks = 64 * kRowChunks / 128;
-      constexpr int kQbBatch = kQbChunks < 4 ? kQbChunks : 4;
 #pragma unroll 1
-      for (int c0 = 0; c0 < kQbChunks; c0 += kQbBatch) {
-        uint32_t x[kQbBatch][4], addr[kQbBatch];
+      for (int c = t; c < 64 * kRowChunks; c += 128) {
+        const int r = c / kRowChunks, lc = c % kRowChunks;
+        const uint32_t addr = q_off + (lc / 8) * (kBM * 128) + r * 128 + (((lc % 8) ^ (r % 8)) << 4);
+        uint32_t x[4];
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                     : "r"(addr));
 #pragma unroll
-        for (int j = 0; j < kQbBatch; ++j) {
-          const int c = t + (c0 + j) * 128;
-          const int r = c / kRowChunks, lc = c % kRowChunks;
-          addr[j] = q_off + (lc / 8) * (kBM * 128) + r * 128 + (((lc % 8) ^ (r % 8)) << 4);
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(x[j][0]), "=r"(x[j][1]), "=r"(x[j][2]), "=r"(x[j][3])
-                       : "r"(addr[j]));
+        for (int e = 0; e < 4; ++e) {
+          const float2 v = unpack2<T>(x[e]), bias = unpack2<T>(qb_pair[e]);
+          x[e] = pack2<T>(v.x + bias.x, v.y + bias.y);
         }
-#pragma unroll
-        for (int j = 0; j < kQbBatch; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 v = unpack2<T>(x[j][e]), bias = unpack2<T>(qb_pair[e]);
-            x[j][e] = pack2<T>(v.x + bias.x, v.y + bias.y);
-          }
-#pragma unroll
-        for (int j = 0; j < kQbBatch; ++j)
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr[j]), "r"(x[j][0]), "r"(x[j][1]),
-                       "r"(x[j][2]), "r"(x[j][3])
-                       : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x[0]), "r"(x[1]), "r"(x[2]),
+                     "r"(x[3])
+                     : "memory");
       }
       fence_proxy_async_smem();
       if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
@@ -1210,6 +1181,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv(last, p);
       wgmma_commit();
       turn_pass(true);
+      // V's bias while the product runs (D = 64: at 128 and 256 the 16 / 32 registers spilled).
+      if constexpr (kD == 64) {
+        if (a.v_bias != nullptr) load_v_bias();
+      }
       wgmma_wait<0>();
       reg_fence(o);
       OPSFUSE_HOPPER_STAMP(5);  // the last P V product is done
@@ -1359,11 +1334,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // V's bias (a.v_bias): O / l + b = (O + l b) / l, so it goes into the unnormalized O here and
     // both stores below stay as they are; a fully masked row (l = 0) stays 0.
     if (a.v_bias != nullptr) {
-      const unsigned short* vb = bias_v_rows[round % (2 * kQBuffers)] + 2 * (lane % 4);
+      if (!vb_loaded) load_v_bias();
       const float l0 = row_sum(0), l1 = row_sum(1);
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
-        const float2 bias = unpack2<T>(*reinterpret_cast<const uint32_t*>(vb + i * 8));
+        const float2 bias = unpack2<T>(vb_pair[i]);
         o[i * 4 + 0] = fmaf(l0, bias.x, o[i * 4 + 0]);
         o[i * 4 + 1] = fmaf(l0, bias.y, o[i * 4 + 1]);
         o[i * 4 + 2] = fmaf(l1, bias.x, o[i * 4 + 2]);
