@@ -569,10 +569,11 @@ bool fuses_biases(const AttentionParams& p, const Plan& plan) {
   return plan.kind == KernelKind::kHopper && !(p.softcap > 0.0f && p.k_bias != nullptr);
 }
 // Kernels that add V's bias in their epilogue (O + l b before the division by l, which also holds
-// for split partials: the combine's weights are linear in l); the decode kernels read a copy.
+// for split partials: the combine's weights are linear in l). The others read a copy: the decode
+// kernels, and the mma.sync kernel, which sits at 255 registers at D = 128 and spilled with it
+// (24-128 bytes on sm_80-90; session 17).
 bool adds_v_bias(const Plan& plan) {
-  return plan.kind == KernelKind::kHopper || plan.kind == KernelKind::kTensorCore ||
-         plan.kind == KernelKind::kFloat32;
+  return plan.kind == KernelKind::kHopper || plan.kind == KernelKind::kFloat32;
 }
 // Where planning places the biased copies before the workspace exists (choose_plan() reads pointer
 // alignment only; the real copies start 256-byte aligned too).

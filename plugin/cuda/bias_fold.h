@@ -2,7 +2,7 @@
 // that do not add them themselves. The Hopper prefill kernel adds them as it goes (Q's into its
 // shared-memory tile, V's in the epilogue, K's dropped: softmax is invariant to a per-row constant);
 // every other plan reads dense copies of Q and K (softcap with a K bias too), and V's bias is added
-// in the epilogue by the mma.sync and float32 kernels and copied for the decode kernels. One
+// in the epilogue by the float32 kernel and copied for the mma.sync and decode kernels. One
 // launch writes the copies into the workspace first (float32 sum rounded to T, as the graph's Add
 // that the ONNX input replaced did). Their layout: common/biased_copies.h.
 #pragma once

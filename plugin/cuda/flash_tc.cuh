@@ -347,15 +347,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_tc_kernel(const
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const RowInfo r = make_row(a, b, hk, row_of(mt, h), len);
       if (!r.valid) continue;
-      if (a.v_bias != nullptr) {  // V's bias as O + l b (kernel_args.h)
-        const T* vb = static_cast<const T*>(a.v_bias) + hk * a.head_dim_v;
-#pragma unroll
-        for (int nt = 0; nt < kOT; ++nt) {
-          const int c = nt * 8 + (lane % 4) * 2;
-          if (c < a.head_dim_v) o[mt][nt][2 * h] = fmaf(l, to_float(vb[c]), o[mt][nt][2 * h]);
-          if (c + 1 < a.head_dim_v) o[mt][nt][2 * h + 1] = fmaf(l, to_float(vb[c + 1]), o[mt][nt][2 * h + 1]);
-        }
-      }
       const int64_t grow = (static_cast<int64_t>(b) * a.heads_q + r.head) * a.seq_q + r.pos;
       if (a.num_splits == 1) {
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // fully masked row -> 0

@@ -21,8 +21,8 @@ struct KernelArgs {
   int mask_kind;  // 0 none, 1 bool, 2 additive (MaskKind)
   // Biases the kernel adds itself (null where it reads biased copies, bias_fold.h). Q's (Hq*D,):
   // the Hopper prefill kernel only, into its Q tile (it leaves K's out: a per-row constant of the
-  // scores, which softmax removes). V's (Hkv*Dv,): the Hopper prefill, mma.sync and float32 kernels,
-  // as O + l b before the division by l (split partials included); the decode kernels read a copy.
+  // scores, which softmax removes). V's (Hkv*Dv,): the Hopper prefill and float32 kernels, as
+  // O + l b before the division by l (split partials included); the others read a copy.
   const void* q_bias;
   const void* v_bias;
 

@@ -6,7 +6,7 @@ Two implementations are covered: the Hopper prefill kernel adds the biases itsel
 shared-memory tile, V's in the epilogue, K's left out as a per-row constant that softmax removes),
 and every other plan reads biased copies of Q and K that a separate launch writes (bias_fold.h):
 float32, decode shapes, softcap with a K bias, and OPSFUSE_CUDA_DISABLE_HOPPER=1; of those, the
-mma.sync and float32 kernels add V's bias in their epilogue, the decode kernels read a copy of V
+float32 kernel adds V's bias in its epilogue, the mma.sync and decode kernels read a copy of V
 too. On GPUs other than the H200's sm_90 every case is a copies' path. The Hopper kernel's schedules (persistent, dynamic,
 stream-K, key splits, tail split, stores from registers) each get a case, since each has its own
 way to the epilogue that adds V's bias."""
@@ -139,7 +139,7 @@ HOPPER_SCHEDULES = {
     "tail_split": ({"OPSFUSE_CUDA_HOPPER_TAIL_SPLIT": "1", "OPSFUSE_CUDA_HOPPER_PERSISTENT": "1"}, 1, 12, 12, 2048, 64),
     "registers_store": ({"OPSFUSE_CUDA_HOPPER_TMA_STORE": "0"}, 2, 4, 2, 700, 128),
     "portable_copies": ({"OPSFUSE_CUDA_DISABLE_HOPPER": "1"}, 2, 4, 2, 700, 128),
-    # 12 row tiles on the SMs: the mma.sync kernel splits the keys, V's bias goes into each partial
+    # a small grid: the mma.sync kernel splits the keys and combines the partials
     "portable_splits": ({"OPSFUSE_CUDA_DISABLE_HOPPER": "1"}, 1, 2, 1, 1500, 128),
 }
 
