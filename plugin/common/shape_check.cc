@@ -101,6 +101,20 @@ std::string check_attributes(const AttentionAttributes& a) {
   return os.str();
 }
 
+std::string check_qkv_bias_attribute(const AttentionAttributes& attrs) {
+  if (attrs.packed_qkv == 1) return std::string();
+  return "qkv_bias is given, but attribute packed_qkv is not 1: the bias belongs to the packed (B, S, "
+         "(q_num_heads + 2*kv_num_heads)*D) projection";
+}
+
+std::string check_qkv_bias_type(ElemType bias, ElemType q) {
+  if (bias == q) return std::string();
+  Message os;
+  os << "qkv_bias has element type " << elem_type_name(bias) << "; it must be the type of Q (" << elem_type_name(q)
+     << ")";
+  return os.str();
+}
+
 std::string check_inputs_and_fill(const TensorDesc (&in)[6], const AttentionAttributes& attrs,
                                   AttentionParams* p) {
   using namespace contract;
@@ -297,16 +311,9 @@ std::string check_inputs_and_fill(const TensorDesc (&in)[6], const AttentionAttr
   const TensorDesc& bias = in[kInputQkvBias];
   if (bias.present) {
     const int64_t width = (p->heads_q + 2 * p->heads_kv) * p->head_dim;
-    if (attrs.packed_qkv != 1) {
-      os << "qkv_bias is given, but attribute packed_qkv is not 1: the bias belongs to the packed (B, S, "
-            "(q_num_heads + 2*kv_num_heads)*D) projection";
-      return os.str();
-    }
-    if (bias.type != in[kInputQ].type) {
-      os << "qkv_bias has element type " << elem_type_name(bias.type) << "; it must be the type of Q ("
-         << elem_type_name(in[kInputQ].type) << ")";
-      return os.str();
-    }
+    err = check_qkv_bias_attribute(attrs);
+    if (err.empty()) err = check_qkv_bias_type(bias.type, in[kInputQ].type);
+    if (!err.empty()) return err;
     if (bias.shape.size() != 1 || bias.shape[0] != width) {
       os << "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,) = (" << width << ",), got "
          << shape_str(bias.shape);

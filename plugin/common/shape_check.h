@@ -38,6 +38,12 @@ struct AttentionAttributes {
 // Checks attribute values alone (at node creation time).
 std::string check_attributes(const AttentionAttributes& attrs);
 
+// The checks of a present qkv_bias that need no shapes ("" when they pass), in
+// check_inputs_and_fill's words: the attribute it requires, and Q's element type. TensorRT's
+// plugin makes them before shapes are known.
+std::string check_qkv_bias_attribute(const AttentionAttributes& attrs);
+std::string check_qkv_bias_type(ElemType bias, ElemType q);
+
 // Checks the six inputs (index order of contract.h; absent optional ones have present=false)
 // and fills every field of `params` except the data pointers: sizes, element strides (dense
 // for the 4-D form; for the 3-D form (B, S, H*D) those of the same tensor viewed as

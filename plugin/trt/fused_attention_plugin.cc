@@ -71,10 +71,8 @@ std::string check_ranks(int32_t q, int32_t k, int32_t v) {
   return std::string();
 }
 
-// The same words as check_inputs_and_fill's, for the checks made before shapes are known.
-std::string qkv_bias_without_packed() {
-  return "qkv_bias is given, but attribute packed_qkv is not 1: the bias belongs to the packed (B, S, "
-         "(q_num_heads + 2*kv_num_heads)*D) projection";
+std::string qkv_bias_rank_error(int32_t rank) {
+  return "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,), got rank " + std::to_string(rank);
 }
 
 std::string fmt_float(float v) {
@@ -269,10 +267,8 @@ std::string FusedAttentionPlugin::packed_output_shape(const DimsExprs& q, const 
 // Q's packed last dimension W = (Hq + 2*Hkv)*D. Its element type is negotiated in
 // supportsFormatCombination; the rest is check_inputs_and_fill's at onShapeChange / enqueue.
 std::string FusedAttentionPlugin::check_qkv_bias_expr(const DimsExprs& bias, const DimsExprs& q) const {
-  if (attrs_.packed_qkv != 1) return qkv_bias_without_packed();
-  if (bias.nbDims != 1) {
-    return "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,), got rank " + std::to_string(bias.nbDims);
-  }
+  if (std::string err = check_qkv_bias_attribute(attrs_); !err.empty()) return err;
+  if (bias.nbDims != 1) return qkv_bias_rank_error(bias.nbDims);
   if (q.nbDims == contract::kPackedTensorRank && known_to_differ(bias.d[0], q.d[2])) {
     return "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,) = (" +
            std::to_string(q.d[2]->getConstantValue()) + ",), the packed last dimension of Q, got (" +
@@ -385,8 +381,7 @@ bool FusedAttentionPlugin::supportsFormatCombination(int32_t pos, const DynamicP
     if (pos == contract::kInputKeyLengths && pos < nb_inputs) {
       return d.type == DataType::kINT32 || d.type == DataType::kINT64;
     }
-    if (pos == contract::kInputQkvBias && pos < nb_inputs) return d.type == t;
-    return d.type == t;  // Y
+    return d.type == t;  // Y, and qkv_bias: Q's type
   } catch (...) {
     return false;
   }
@@ -411,15 +406,9 @@ int32_t FusedAttentionPlugin::configurePlugin(const DynamicPluginTensorDesc* in,
       }
       if (err.empty() && nb_inputs > contract::kInputQkvBias) {
         const PluginTensorDesc& b = in[contract::kInputQkvBias].desc;
-        if (attrs_.packed_qkv != 1) {
-          err = qkv_bias_without_packed();
-        } else if (b.type != t) {
-          err = std::string("qkv_bias has element type ") + elem_type_name(to_elem_type(b.type)) +
-                "; it must be the type of Q (" + elem_type_name(to_elem_type(t)) + ")";
-        } else if (b.dims.nbDims != 1) {
-          err = "qkv_bias must have shape ((q_num_heads + 2*kv_num_heads)*D,), got rank " +
-                std::to_string(b.dims.nbDims);
-        }
+        err = check_qkv_bias_attribute(attrs_);
+        if (err.empty()) err = check_qkv_bias_type(to_elem_type(b.type), to_elem_type(t));
+        if (err.empty() && b.dims.nbDims != 1) err = qkv_bias_rank_error(b.dims.nbDims);
       }
     }
     if (!err.empty()) {
