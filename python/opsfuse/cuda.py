@@ -98,8 +98,9 @@ def fused_attention(q, k, v, attn_mask=None, key_lengths=None, scale=None, is_ca
     returns y (B, Hq, Sq, Dv) of q's dtype (float32, float16 or bfloat16). `attn_mask`: bool or
     q's dtype, broadcastable to (B, Hq, Sq, Sk); `key_lengths`: int32/int64 (B,). `out`: an
     optional preallocated output; `q_bias` (Hq*D,), `k_bias` (Hkv*D,), `v_bias` (Hkv*Dv,): optional
-    biases of q's dtype added to Q, K, V per head and column (the ONNX op's qkv_bias, split); `stream`: a cudaStream_t as int (default: the framework's current
-    stream). Raises ValueError for inputs outside the contract, RuntimeError for device errors."""
+    biases of q's dtype added to Q, K, V per head and column (the ONNX op's qkv_bias, split);
+    `stream`: a cudaStream_t as int (default: the framework's current stream). Raises ValueError
+    for inputs outside the contract, RuntimeError for device errors."""
     m = _module()
     fw = _framework(q)
     if len(getattr(q, "shape", ())) != 4 or len(getattr(v, "shape", ())) != 4:
