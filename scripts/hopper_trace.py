@@ -11,7 +11,9 @@ Each consumer warpgroup stamps 7 events per item (hopper_fwd.cuh, OPSFUSE_HOPPER
 the P V products (OPSFUSE_HOPPER_TIMED). Per shape it prints the medians of the phases and waits
 (SM clocks), the key loop's clocks per tile, the gap between items, and how far apart the blocks
 finish (globaltimer). A variant may set OPSFUSE_HOPPER_TRACE_GRID=N (trace builds: a persistent
-grid of N blocks) to see how the pace depends on how many blocks share the L2."""
+grid of N blocks) to see how the pace depends on how many blocks share the L2. TRACE_GRID=seed
+traces issue 7's seed grid (B=1 H=12 D=64 fp16, S=128..2048: one-round launches) instead, where
+the block start times (launch skew) and the fixed part of an item are the question."""
 import os
 import sys
 
@@ -23,6 +25,7 @@ from opsfuse.bench.cuda import env_variant
 
 SHAPES = [(8, 16, 1024, 128, torch.bfloat16), (8, 16, 4096, 128, torch.bfloat16), (2, 16, 16384, 128, torch.bfloat16),
           (8, 12, 512, 64, torch.float16), (1, 12, 1024, 64, torch.float16)]
+SEED = [(1, 12, s, 64, torch.float16) for s in (128, 256, 512, 1024, 2048)]
 ROUNDS, EVENTS = 64, 32
 
 
@@ -76,6 +79,10 @@ def summarize(name, tr, tiles):
           f"{np.median(ends) / 1e3:.1f} / {ends.max() / 1e3:.1f} µs (min / median / max); "
           f"µs per item over full blocks {per_item.min() / 1e3:.3f} / {np.median(per_item) / 1e3:.3f} / "
           f"{per_item.max() / 1e3:.3f}", flush=True)
+    print(f"   block starts {starts.min() / 1e3:.2f} / {np.median(starts) / 1e3:.2f} / {starts.max() / 1e3:.2f} µs; "
+          f"first stamp to Q in {np.median(ns[..., 1][done] - ns[..., 0][done]) / 1e3:.2f} µs, to first K "
+          f"{np.median(ns[..., 2][done] - ns[..., 0][done]) / 1e3:.2f} µs, last P V to stores issued "
+          f"{np.median(ns[..., 6][done] - ns[..., 5][done]) / 1e3:.2f} µs (medians)", flush=True)
     print("   clocks: " + "  ".join(f"{k} {v:.0f}" for k, v in ph.items()) + f"  per loop tile {per_tile:.0f}"
           f"  gap {gap:.0f}  (item {np.median(d[:, 6] - d[:, 0]):.0f})", flush=True)
     print("   waits per loop tile: " + "  ".join(f"{k} {v:.0f}" for k, v in zip(("K", "V", "turn", "S", "PV"), waits)),
@@ -87,7 +94,7 @@ def main():
     specs = sys.argv[2:] or [""]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     saved = {}
-    for (b, h, s, dim, dt) in SHAPES:
+    for (b, h, s, dim, dt) in (SEED if os.environ.get("TRACE_GRID") == "seed" else SHAPES):
         q, k, v = (torch.randn(b, h, s, dim, device="cuda", dtype=dt) for _ in range(3))
         for spec in specs:
             name = f"B={b} H={h} S={s} D={dim} {str(dt)[6:]} [{spec or 'default'}]"
