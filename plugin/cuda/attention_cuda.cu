@@ -30,6 +30,9 @@
 //                                  fits in one split round (hopper_tail_split()).
 //   OPSFUSE_CUDA_HOPPER_STREAM_K=0 / 1  (A/B, tests) no stream-K schedule / one wherever the
 //                                  kernel takes it (hopper_stream_k()).
+//   OPSFUSE_CUDA_HOPPER_WG_SPLIT=0 / 1  (A/B, tests) no warpgroup key split / one wherever the
+//                                  plain kernel takes it (hopper_wg_split()), also beyond one
+//                                  round of 64-row items.
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -136,7 +139,8 @@ Switches read_switches() {
   static constexpr const char* kNames[] = {
       "DISABLE_HOPPER",    "FORCE_HOPPER",       "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
-      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "DECODE_SPLITS",       "DECODE_NO_CLUSTER",
+      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT",     "DECODE_SPLITS",
+      "DECODE_NO_CLUSTER",
       "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
                 "one name per Switch, in its order");
@@ -327,6 +331,27 @@ struct Persistence {
   return tiles >= 128 && static_cast<double>(rounds * g) >= 1.02 * static_cast<double>(items);
 }
 
+// Hopper warpgroup key split (hopper_fwd.cuh, kPlainSplit): items of 64 query rows, one block each,
+// whose key tiles the block's two consumer warpgroups take in turn (even / odd), merged in shared
+// memory at the end. For launches of one round, whose time is one block's item: a 128-row item runs
+// its key tiles one after another at ~2,900 SM clocks each (the two warpgroups' softmax paces the
+// D = 64 loop), the split half as many per block on up to twice the blocks (seed B=1 H=12 S=512
+// D=64: 96 blocks of 2 + 2 tiles instead of 48 of 4; with Sq <= 64 as many blocks, where the
+// 128-row launch's second warpgroup has no rows). Kernel traces and the A/B:
+// docs/notes/cuda_kernel.md, session 19. Taken where the 64-row items fit in one round (<= #SMs),
+// for the plain kernel (no mask, no softcap) without causal, key_lengths or Q's bias (every item
+// then has the same >= 2 key tiles, which the warpgroups' turns rely on), D <= 128.
+// OPSFUSE_CUDA_HOPPER_WG_SPLIT=0: never; =1: also beyond one round (several waves of blocks).
+[[maybe_unused]] bool hopper_wg_split(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan,
+                                      const Switches& sw) {
+  if (sw.is(Switch::kHopperWgSplit, '0') || plan.bucket > 128) return false;
+  if (p.is_causal != 0 || p.key_lengths != nullptr || p.mask_kind != MaskKind::kNone || p.softcap > 0.0f ||
+      p.q_bias != nullptr || ceil_div(p.seq_k, 128) < 2)
+    return false;
+  const int64_t items = static_cast<int64_t>(ceil_div(p.seq_q, 64)) * p.batch * p.heads_q;
+  return items <= dev.sms || sw.is(Switch::kHopperWgSplit, '1');
+}
+
 // Decode cluster merge: how many clusters of `cluster` blocks of the plan's decode kernel
 // (flash_decode.cuh for this ring depth, or hopper/hopper_decode.cuh) for this dtype / bucket fit on
 // the device at once (0: not compiled for sm_90).
@@ -479,13 +504,20 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
     plan.cluster = plan.bucket == 256 ? 1 : hopper_key_splits(p, sw);
-    const Persistence pers = plan.cluster == 1 ? hopper_persistence(p, dev, plan, sw) : Persistence{};
-    plan.persistent = pers.persistent ? dev.sms : 0;
-    plan.sched_heads = pers.dynamic ? hopper_sched_heads(p, sw) : 0;  // dynamic implies persistent
-    if (plan.persistent > 0 && plan.sched_heads == 0 && plan.bucket <= 128 && hopper_tail_split(p, plan, sw) &&
-        !sw.is(Switch::kHopperStreamK, '1'))
-      plan.cluster = 2;  // the last round split
-    plan.stream_k = hopper_stream_k(p, plan, sw);
+    if (plan.cluster == 1 && hopper_wg_split(p, dev, plan, sw)) {
+      // One block per 64-row item (no persistent grid: one round, or several waves when forced).
+      plan.wg_split = true;
+      plan.block_m = 64;
+      plan.row_tiles = ceil_div(p.seq_q, 64);
+    } else {
+      const Persistence pers = plan.cluster == 1 ? hopper_persistence(p, dev, plan, sw) : Persistence{};
+      plan.persistent = pers.persistent ? dev.sms : 0;
+      plan.sched_heads = pers.dynamic ? hopper_sched_heads(p, sw) : 0;  // dynamic implies persistent
+      if (plan.persistent > 0 && plan.sched_heads == 0 && plan.bucket <= 128 && hopper_tail_split(p, plan, sw) &&
+          !sw.is(Switch::kHopperStreamK, '1'))
+        plan.cluster = 2;  // the last round split
+      plan.stream_k = hopper_stream_k(p, plan, sw);
+    }
   }
   // A/B switches the launch functions apply (see where each is used).
   plan.pingpong = !sw.is(Switch::kHopperPingpong, '0');

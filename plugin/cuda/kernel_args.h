@@ -93,6 +93,7 @@ enum class Switch : int {
   kHopperDynamic,       // OPSFUSE_CUDA_HOPPER_DYNAMIC
   kHopperSchedHeads,    // OPSFUSE_CUDA_HOPPER_SCHED_HEADS
   kHopperStreamK,       // OPSFUSE_CUDA_HOPPER_STREAM_K
+  kHopperWgSplit,       // OPSFUSE_CUDA_HOPPER_WG_SPLIT
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -141,6 +142,8 @@ struct Plan {
   bool stream_k = false;  // kHopper persistent, static: units of (row tile, key tile) shared in
                           // contiguous ranges, split items merged through the workspace
                           // (hopper_stream_k(), KernelArgs::sk_count)
+  bool wg_split = false;  // kHopper, one block per row tile of 64 rows (block_m = 64), whose key
+                          // tiles the two consumer warpgroups split (hopper_wg_split())
   // What the launch functions apply as the switches say (the shipped behaviour by default):
   bool pingpong = true;        // kHopper: the inter-warpgroup schedule
   bool mask_classes = true;    // kHopper: padding-mask tile classes

@@ -329,6 +329,50 @@ def test_stream_k_schedule(dtype, case, monkeypatch):
         assert_within_2x_torch(out, q, k, v, what=f"{name} {case} (seed {seed})")
 
 
+WG_SPLIT_CASES = {
+    # name: (b, hq, hkv, sq, sk, d, dv); 64-row items x batch x heads <= 132 (one round on an H100 /
+    # H200), where choose_plan splits each item's key tiles between the two consumer warpgroups
+    "seed_512": (1, 12, 12, 512, 512, 64, 64),  # issue 7's seed point: 96 items of 4 key tiles
+    "odd_tiles_gqa3": (2, 6, 2, 97, 300, 128, 128),  # 3 key tiles: warpgroup 1 has one turn less
+    "sk129_d40_dv80": (3, 4, 4, 130, 129, 40, 80),  # the second tile holds one key
+    "sq1_mqa": (2, 8, 1, 1, 2000, 64, 64),  # one row, 16 key tiles
+    "d96_1025": (1, 2, 2, 97, 1025, 96, 96),  # 9 key tiles, the last one key
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", sorted(WG_SPLIT_CASES))
+def test_warpgroup_key_split(dtype, case, monkeypatch):
+    """The Hopper kernel's warpgroup key split (choose_plan's hopper_wg_split(), on by default for
+    these one-round grids) against the same launch without it (OPSFUSE_CUDA_HOPPER_WG_SPLIT=0), both
+    with the Hopper kernel forced where the portable plan would split the keys: each within the 2x
+    rule. On the H100 / H200 the two must differ in some bits (the split sums the keys in another
+    order), which shows that the switch reached the kernel; elsewhere both are the portable kernel."""
+    require_cuda_module()
+    import torch
+
+    import opsfuse
+
+    b, hq, hkv, sq, sk, d, dv = WG_SPLIT_CASES[case]
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    archs = str(opsfuse.build_info().get("cuda_architectures", ""))
+    hopper = torch.cuda.get_device_capability() == (9, 0) and "90" in archs
+    outs = {}
+    monkeypatch.setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1")
+    for name, value in (("split", None), ("whole", "0")):
+        with monkeypatch.context() as m:
+            if value is not None:
+                m.setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", value)
+            outs[name] = run_binding(q, k, v)
+    for name, out in outs.items():
+        assert np.all(np.isfinite(out.astype(np.float64))), f"{name}: non-finite output (seed {seed})"
+        assert_within_2x_torch(out, q, k, v, what=f"{name} {case} (seed {seed})")
+    if hopper and sq * sk >= 4096:
+        assert not np.array_equal(outs["split"].view(np.uint16), outs["whole"].view(np.uint16)), \
+            f"the warpgroup key split changed no bit: did it run? (seed {seed})"
+
+
 def test_key_lengths_clamped():
     """Values outside [0, Sk] are clamped on the device (they cannot be checked without a sync)."""
     rng, seed = fresh_rng()

@@ -317,7 +317,12 @@ __device__ __forceinline__ int tile_class_vote(const uint32_t (&w)[2], int n0, i
 //             bit for bit. A mask that is the same for every query row (mask_stride[2] == 0,
 //             padding masks) is first classified per key tile (tile_class_vote): uniform tiles
 //             skip the pair loads and the per-score mask work (kScoreFast / kScoreNone below).
-enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3 };
+//  kPlainSplit  kPlain's scoring on items of 64 rows, whose key tiles the two consumer warpgroups
+//             split between them (warpgroup cw takes tiles t_begin + cw, + 2, ...) and merge in
+//             shared memory at the end (launch_hopper: one-round grids, where a block's time is its
+//             item's key loop and the 128-row launch leaves SMs idle; see hopper_wg_split()).
+enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3, kPlainSplit = 4 };
+constexpr int kModes = 5;
 // How one key tile is scored (a compile-time variant of the loop body, so that each is one basic
 // block): kScoreFast no per-score work (raw q.k, the scale folded into the exponent; positive
 // scale, no key limit inside the tile, every key visible); kScoreLimits scale and per-key limits
@@ -335,6 +340,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap tm_y, const int pingpong, const int n_work,
                       const int splits, const int mask_classes, const int tail_round, const int tma_store) {
   using Cfg = Config<kD>;
+  static_assert(kMode != kPlainSplit || kD <= 128, "the split merge stages O over the K ring: D <= 128");
+  // kPlainSplit: both consumer warpgroups work on one item's 64 rows (the first 64 of the Q
+  // buffer, whose 128-row TMA box also brings the next 64, unused), each on every other key tile.
+  constexpr bool kSplitWG = kMode == kPlainSplit;
+  constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
   constexpr int kBN = Cfg::kBN;      // keys per tile (shadows the namespace's D <= 128 value)
@@ -377,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // D = 256 once the producer's scheduler thread used it too.
   auto row_tiles = [&]() {
     int n;
-    asm volatile("mov.b32 %0, %1;\n" : "=r"(n) : "r"((a.seq_q + kBM - 1) / kBM));
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(n) : "r"((a.seq_q + kItemRows - 1) / kItemRows));
     return n;
   };
   // Key splits (splits > 1, never with a persistent grid): blocks blockIdx.x / splits * splits ..
@@ -408,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // once: its first part (key tiles 0 .. j - 1) is the last round of one block, its second the
   // first stream-K round of the next. Both parts end in the consumers' stream-K exchange (after
   // the key loop), where the second to arrive merges them and stores.
-  auto stream_k = [&]() { return kMode == kPlain && kD != 256 && a.sk_count != nullptr; };
+  auto stream_k = [&]() { return kMode == kPlain && kD != 256 && a.sk_count != nullptr; };  // not kPlainSplit
   auto sk_tiles = [&]() { return (a.seq_k + kBN - 1) / kBN; };
   auto sk_base = [&]() { return a.sk_rounds * static_cast<int>(gridDim.x); };  // the first shared item
   // (32-bit arithmetic: choose_plan keeps the units below 2^31; 64-bit divisions spilled in the
@@ -465,11 +475,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     wk.b = bh / a.heads_q;
     wk.h = bh % a.heads_q;
     wk.hk = wk.h / a.group;
-    wk.row0 = rt * kBM;
+    wk.row0 = rt * kItemRows;
     wk.len = key_length_of(a, wk.b);
     // key_range() works on packed rows (head-in-group * Sq + position).
     const int g = wk.h - wk.hk * a.group;
-    wk.kr = key_range(a, g * a.seq_q + wk.row0, g * a.seq_q + min(wk.row0 + kBM, a.seq_q) - 1, wk.len);
+    wk.kr = key_range(a, g * a.seq_q + wk.row0, g * a.seq_q + min(wk.row0 + kItemRows, a.seq_q) - 1, wk.len);
     const int n_tiles = (wk.kr.n_end + kBN - 1) / kBN;
     const int split = static_cast<int>(blockIdx.x) % ns;  // the cluster rank (0 unless split)
     wk.t_begin = split * n_tiles / ns;
@@ -697,9 +707,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len;
     const int t_begin = wk.t_begin, t_end = wk.t_end, n_tiles = t_end - t_begin;
+    // This warpgroup's key tiles: all of the item's, or (kPlainSplit) every other one from
+    // t_begin + cw, n_mine of them, the last my_last. A stage it consumes is released for both
+    // warpgroups (the empty barriers count 8 consumer warps): release().
+    constexpr int kStride = kSplitWG ? 2 : 1;
+    const int my_begin = kSplitWG ? t_begin + cw : t_begin;
+    const int n_mine = kSplitWG ? max(0, (t_end - my_begin + 1) / 2) : n_tiles;
+    const int my_last = kSplitWG ? my_begin + 2 * (n_mine - 1) : t_end - 1;
+    auto release = [](uint32_t bar) { mbar_arrive_n<kStride>(bar); };
     const int ring0 = kv_base - t_begin;  // ring position of key tile `it` is ring0 + it
     const KeyRange kr = wk.kr;
-    const int rbase = row0 + cw * 64 + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
+    const int rbase = row0 + (kSplitWG ? 0 : cw * 64) + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
 
     // Per-row contract data (two rows per thread, hh = 0 / 1). Only the key limits stay in registers
     // through the loop; the rest is recomputed where needed (registers are the limit here).
@@ -732,7 +750,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     PFrag p;  // P as the A operand of O += P V
 
     // This warpgroup's 64 rows in each region of the round's Q buffer.
-    const uint32_t q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + cw * 64 * 128;
+    const uint32_t q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + (kSplitWG ? 0 : cw * 64 * 128);
     // Operand descriptors. D >= 128: one smem_desc() per item (Q) or tile (K, V), desc_plus() per
     // k-step (ptxas recomputed smem_desc()'s and / shift / or chain per k-step, between the turn
     // barrier and the HGMMAs; session 12's same-call A/B: prefill D = 128 S=1024 1.5 % and causal
@@ -954,8 +972,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // by the other warpgroup right after it issued -- so one's softmax overlaps the other's products.
     // Each warpgroup issues n_tiles + 1 batches (n_tiles: this block's key tiles of the item);
     // warpgroup 1 opens (an arrive on warpgroup 0's barrier) and skips its last pass, so every
-    // arrive is matched by exactly one sync.
+    // arrive is matched by exactly one sync. kPlainSplit with an odd number of tiles: warpgroup 1
+    // has one batch less, so it passes its last turn too and then waits out warpgroup 0's last
+    // (odd_turn).
     const bool pp = pingpong != 0 && n_tiles > 0;
+    const bool odd_turn = kSplitWG && cw == 1 && n_mine < n_tiles - n_mine;
     auto turn_wait = [&]() {
       if (!pp) return;
       if (cw == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
@@ -964,7 +985,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto turn_pass = [&](bool last) {
       if (!pp) return;
       if (cw == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-      else if (!last) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+      else if (!last || odd_turn) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
     };
     if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 
@@ -994,7 +1015,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Calls f(ScoringV<V>{}) with tile it's scoring variant (cls: its class).
     auto with_scoring = [&](int it, int cls, auto&& f) {
-      if constexpr (kMode == kPlain) {
+      if constexpr (kMode == kPlain || kSplitWG) {
         if (is_boundary(it)) f(ScoringV<kScoreLimits>{});
         else f(ScoringV<kScoreFast>{});
       } else if constexpr (kMode == kGeneral) {
@@ -1017,7 +1038,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // D = 64, B=8 H=12 S=512, µs alone / between the GEMMs): additive zeros mask 25.3 / 33.8 ->
     // 24.1 / 30.0, padded 28.4 / 39.4 -> 27.4 / 32.0 (with the prefix tiles above); the plain kernel
     // in the loop: 21.7 / 26.7 -> 22.0 / 26.1 and the seed shapes 1-3 % slower, so it keeps its copy.
-    constexpr bool kFirstInLoop = kMode != kPlain;
+    constexpr bool kFirstInLoop = kMode != kPlain && !kSplitWG;
     if (n_tiles > 0) class_load(t_begin);  // pair masks: voted on after the Q wait
     // Q's bias (a.q_bias, bias_fold.h): added to this warpgroup's 64 rows of the Q tile in place,
     // once per item, before any S product reads it (16-byte chunks: the swizzle moves chunks, so
@@ -1082,13 +1103,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       else asm volatile("bar.sync 5, 128;\n" ::: "memory");
     }
     // Q is released (for the item kQBuffers rounds later) after the item's last S = Q K^T.
-    if (n_tiles == 0 && lane == 0) mbar_arrive(bar_qempty(round));
-    if (n_tiles > 0) {
-      int cls_next = class_vote(t_begin);  // the class of the tile the loop takes next
+    if (n_mine == 0 && lane == 0) mbar_arrive(bar_qempty(round));
+    if (n_mine > 0) {
+      int cls_next = class_vote(my_begin);  // the class of the tile the loop takes next
       if constexpr (!kFirstInLoop) {
         // First tile (the plain kernel: no classes, no mask): S, softmax, P.
-        const int st0 = stage_of(t_begin);
-        mbar_wait(bar_kfull(st0), parity_of(t_begin));
+        const int st0 = stage_of(my_begin);
+        mbar_wait(bar_kfull(st0), parity_of(my_begin));
         OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
         __syncwarp();
         turn_wait();
@@ -1099,9 +1120,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         turn_pass(false);
         wgmma_wait<0>();
         reg_fence(s);
-        if (lane == 0) mbar_arrive(bar_kempty(st0));
-        if (n_tiles == 1 && lane == 0) mbar_arrive(bar_qempty(round));
-        with_scoring(t_begin, kTileMixed, [&](auto variant) { softmax(t_begin, variant, std::false_type{}); });
+        if (lane == 0) release(bar_kempty(st0));
+        if (n_mine == 1 && lane == 0) mbar_arrive(bar_qempty(round));
+        with_scoring(my_begin, kTileMixed, [&](auto variant) { softmax(my_begin, variant, std::false_type{}); });
         pack_into(p);
         OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
       }
@@ -1115,19 +1136,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       // A tile whose keys are all masked (kScoreNone) skips its S = Q K^T (an empty wgmma group
       // keeps the group count); its K/V stages are still waited for and released.
       int first_it;
-      asm("mov.b32 %0, %1;\n" : "=r"(first_it) : "r"(t_begin));
+      asm("mov.b32 %0, %1;\n" : "=r"(first_it) : "r"(my_begin));
       auto step = [&](int it, auto variant) {
         constexpr int kV = decltype(variant)::value;
         const bool first = kFirstInLoop && it == first_it;
-        const int st = stage_of(it), prev = stage_of(it - 1);
+        const int st = stage_of(it), prev = stage_of(it - kStride);  // prev: this warpgroup's previous tile
         if constexpr (kV == kScoreMask) load_mask(it);  // independent of S(it): in flight while the wgmmas run
         if (it + 1 < t_end) class_load(it + 1);
         rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added (first: O = 0, alpha = 1)
         OPSFUSE_HOPPER_TIMED(0, mbar_wait(bar_kfull(st), parity_of(it)));
-        if (!first) OPSFUSE_HOPPER_TIMED(1, mbar_wait(bar_vfull(prev), parity_of(it - 1)));
+        if (!first) OPSFUSE_HOPPER_TIMED(1, mbar_wait(bar_vfull(prev), parity_of(it - kStride)));
         __syncwarp();
         if (first) OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
-        if (!first) zero_v_tail(prev, it - 1);
+        if (!first) zero_v_tail(prev, it - kStride);
         OPSFUSE_HOPPER_TIMED(2, turn_wait());
         if (first) OPSFUSE_HOPPER_STAMP(3);  // this warpgroup's turn: the first S product issues
         // Each branch fences and issues its own products: a wgmma that a branch separates from its
@@ -1147,8 +1168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         turn_pass(false);
         OPSFUSE_HOPPER_TIMED(3, wgmma_wait<1>());  // S(it) done; P(it-1) V(it-1) may still run
         reg_fence(s);
-        if (lane == 0) mbar_arrive(bar_kempty(st));
-        if (it == t_end - 1 && lane == 0) mbar_arrive(bar_qempty(round));
+        if (lane == 0) release(bar_kempty(st));
+        if (it == my_last && lane == 0) mbar_arrive(bar_qempty(round));
         // The next tile's class, before the scoring needs the registers (its loads went out at the
         // start of this step, ahead of the barrier waits and the S product).
         if (it + 1 < t_end) cls_next = class_vote(it + 1);
@@ -1162,25 +1183,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         OPSFUSE_HOPPER_TIMED(4, wgmma_wait<0>());  // P(it-1) V(it-1) done: O and the P registers are free again
         reg_fence(o);
         reg_fence(p);
-        if (lane == 0 && !first) mbar_arrive(bar_vempty(prev));
+        if (lane == 0 && !first) release(bar_vempty(prev));
         if constexpr (!kElementwise && kV != kScoreNone) row_sums();
         if constexpr (kElementwise) softmax(it, variant, std::false_type{});
         pack_into(p);
         if (first) OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
       };
-      for (int it = kFirstInLoop ? t_begin : t_begin + 1; it < t_end; ++it) {
+      for (int it = kFirstInLoop ? my_begin : my_begin + kStride; it < t_end; it += kStride) {
         with_scoring(it, cls_next, [&](auto variant) { step(it, variant); });
       }
-      const int last = stage_of(t_end - 1);
+      const int last = stage_of(my_last);
       rescale_o();
-      mbar_wait(bar_vfull(last), parity_of(t_end - 1));
+      mbar_wait(bar_vfull(last), parity_of(my_last));
       __syncwarp();
-      zero_v_tail(last, t_end - 1);
+      zero_v_tail(last, my_last);
       turn_wait();
       wgmma_fence();
       issue_pv(last, p);
       wgmma_commit();
       turn_pass(true);
+      if (odd_turn) turn_wait();
       // V's bias while the product runs (D = 64: at 128 and 256 the 16 / 32 registers spilled).
       if constexpr (kD == 64) {
         if (a.v_bias != nullptr) load_v_bias();
@@ -1191,7 +1213,43 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The last tile's V stage goes back to the producer too: with a persistent grid the ring
       // continues into the block's next item, whose producer waits for this stage's release when
       // the ring comes round to it (kStages tiles later); without this arrive it waits forever.
-      if (lane == 0) mbar_arrive(bar_vempty(last));
+      if (lane == 0) release(bar_vempty(last));
+    }
+
+    // kPlainSplit merge: warpgroup 1's partial result (O, max, per-thread sum; its threads hold the
+    // same rows and columns as warpgroup 0's) goes to shared memory over the K ring as float4
+    // chunks, chunk c of thread t at c * 128 + t (named barrier 1 first: both warpgroups' last
+    // products are done, and the block's one item has no loads left); warpgroup 0 folds it into its
+    // registers as the key-split merge below does and stores the rows, warpgroup 1 is done.
+    if constexpr (kSplitWG) {
+      constexpr int kOChunks = kD / 8;
+      float4* const part = reinterpret_cast<float4*>(smem_raw + (sK - smem_u32(smem_raw))) + t;
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (cw == 1) {
+#pragma unroll
+        for (int c = 0; c < kOChunks; ++c) part[c * 128] = make_float4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
+        part[kOChunks * 128] = make_float4(m_run[0], m_run[1], l_run[0], l_run[1]);
+      }
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (cw == 1) return;
+      const float4 ml = part[kOChunks * 128];
+      float wo[2], wx[2];
+      const float mx[2] = {fmaxf(m_run[0], ml.x), fmaxf(m_run[1], ml.y)};
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float mb = mx[hh] == -INFINITY ? 0.0f : mx[hh];
+        wo[hh] = ex2(m_run[hh] - mb);
+        wx[hh] = ex2((hh == 0 ? ml.x : ml.y) - mb);
+        l_run[hh] = wo[hh] * l_run[hh] + wx[hh] * (hh == 0 ? ml.z : ml.w);
+      }
+#pragma unroll
+      for (int c = 0; c < kOChunks; ++c) {
+        const float4 v = part[c * 128];
+        o[4 * c] = wo[0] * o[4 * c] + wx[0] * v.x;
+        o[4 * c + 1] = wo[0] * o[4 * c + 1] + wx[0] * v.y;
+        o[4 * c + 2] = wo[1] * o[4 * c + 2] + wx[1] * v.z;
+        o[4 * c + 3] = wo[1] * o[4 * c + 3] + wx[1] * v.w;
+      }
     }
 
     // Stream-K exchange of a cut item (see item_of): each part's consumers put (O, max, per-thread
@@ -1450,17 +1508,28 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
                             ? 1
                             : 0;
   if (!tma_store) ty = tq;  // a valid map in the unused parameter
-  static int smem_done[4][64] = {};
+  static int smem_done[hopper::kModes][64] = {};
   // D = 256 reads masks through the general scoring: the pair loads' 16 registers do not fit
   // beside its 128-register O (ptxas spilled them), and that leaves two instantiations to compile.
   int mode = hopper_mode(a, plan);
   if (kD == 256 && mode != hopper::kPlain) mode = hopper::kGeneral;
+  // The warpgroup key split (choose_plan's hopper_wg_split()): the plain kernel's launches only, one
+  // block per 64-row item, every item with the same >= 2 key tiles (no causal, no key_lengths) and
+  // no Q bias (each warpgroup would add it to the rows they share).
+  if (plan.wg_split) {
+    if (kD == 256 || mode != hopper::kPlain || plan.persistent > 0 || plan.cluster != 1 || a.sk_count != nullptr ||
+        a.tile_counter != nullptr || a.causal != 0 || a.key_lengths != nullptr || a.q_bias != nullptr ||
+        a.seq_k <= hopper::kBN)
+      return cudaErrorInvalidValue;
+    mode = hopper::kPlainSplit;
+  }
   auto kernel = [&] {
     if constexpr (kD == 256) {
       return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
                                     : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
     } else {
-      return mode == hopper::kPlain     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
+      return mode == hopper::kPlain        ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
+             : mode == hopper::kPlainSplit ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSplit>
              : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
              : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
                                          : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
@@ -1474,7 +1543,8 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     err = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
     if (err != cudaSuccess) return err;
   }
-  const int64_t blocks = static_cast<int64_t>((a.seq_q + hopper::kBM - 1) / hopper::kBM) * a.batch * a.heads_q;
+  const int item_rows = plan.wg_split ? 64 : hopper::kBM;
+  const int64_t blocks = static_cast<int64_t>((a.seq_q + item_rows - 1) / item_rows) * a.batch * a.heads_q;
   // Persistent (plan.persistent > 0, choose_plan): that many blocks loop over the row tiles.
 #ifdef OPSFUSE_HOPPER_TRACE
   // Diagnostic builds only: a persistent grid of fewer blocks (OPSFUSE_HOPPER_TRACE_GRID), to see
@@ -1543,7 +1613,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     // tail_grid / 2 co-resident clusters (cudaOccupancyMaxActiveClusters, asked once per device
     // and instantiation); where the device holds fewer (an SM whose GPC partner is unavailable),
     // the plain persistent grid runs instead.
-    static int clusters_cache[4][64] = {};
+    static int clusters_cache[hopper::kModes][64] = {};
     const int fit = max_active_clusters_cached(clusters_cache[mode], kernel, hopper::kThreads, Cfg::kSmem, 2);
     if (2 * static_cast<int64_t>(fit) < tail_grid) return launch_plain();
     return launch_clusters(1, static_cast<int>(blocks / tail_grid));

@@ -26,6 +26,12 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// `kCount` arrivals at once (one thread standing in for others that have nothing to release).
+template <int kCount>
+__device__ __forceinline__ void mbar_arrive_n(uint32_t bar) {
+  if constexpr (kCount == 1) mbar_arrive(bar);
+  else asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(kCount) : "memory");
+}
 // Waits until the phase with parity `parity` of the barrier has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;

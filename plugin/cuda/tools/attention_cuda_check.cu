@@ -61,6 +61,8 @@ struct Case {
                      // (row tile, key tile) units, cut items merged through the workspace)
   int bias = 0;      // 1: random Q, K and V biases (AttentionParams::q_bias ...; the reference adds
                      // them exactly), which the Hopper kernel adds itself and the others read as copies
+  int wg_split = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_WG_SPLIT=1 (64-row items whose key tiles
+                     // the two consumer warpgroups split, also where 128-row items fill the SMs)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -318,6 +320,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   const std::string sk_env = env_value("OPSFUSE_CUDA_HOPPER_STREAM_K");
   const std::string dyn_env = env_value("OPSFUSE_CUDA_HOPPER_DYNAMIC");
   const std::string sched_env = env_value("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
+  const std::string wg_env = env_value("OPSFUSE_CUDA_HOPPER_WG_SPLIT");
   for (int pass = 0; pass < 2; ++pass) {
     // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
     if (pass == 0) {
@@ -327,6 +330,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
       if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
       if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
+      if (c.wg_split) setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "1", 1);
     } else {
       if (c.splits > 0) unsetenv("OPSFUSE_CUDA_HOPPER_SPLITS");
       // Back to the environment's own value: an OPSFUSE_CUDA_HOPPER_PERSISTENT given by the caller
@@ -338,6 +342,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       }
       if (c.tail) restore_env("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", tail_env);
       if (c.stream_k) restore_env("OPSFUSE_CUDA_HOPPER_STREAM_K", sk_env);
+      if (c.wg_split) restore_env("OPSFUSE_CUDA_HOPPER_WG_SPLIT", wg_env);
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
     }
@@ -582,6 +587,17 @@ int main(int argc, char** argv) {
       {"hop f16 d64 streamk short items", H, 3, 5, 5, 1100, 300, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d80/96 streamk gqa11", BF, 1, 33, 3, 520, 2000, 80, 96, 0, 0.f, N, 0, 0, 0, 0, 0, 1},
       {"hop f16 d64 streamk quick 140x64", H, 2, 70, 14, 64, 300, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 1},
+      // Warpgroup key split (choose_plan's hopper_wg_split(): one round of 64-row items, each
+      // warpgroup on every other key tile, merged in shared memory): the seed's S=512; 3 key tiles
+      // (warpgroup 1 one turn short) with GQA 3 and Sq = 97; Sk = 129 (the second tile one key) with
+      // D = 40 / Dv = 80; Sq = 1 with 16 key tiles, MQA; D = 96 with 5 tiles; forced
+      // (OPSFUSE_CUDA_HOPPER_WG_SPLIT=1) beyond one round: 528 items of 7 key tiles, GQA 6.
+      {"hop f16 d64 wgsplit seed 12x512", H, 1, 12, 12, 512, 512, 64, 64, 0, 0.f, N, 0, 0},
+      {"hop bf16 d128 wgsplit 3 tiles gqa3", BF, 2, 6, 2, 97, 300, 128, 128, 0, 0.f, N, 0, 0},
+      {"hop f16 d40/80 wgsplit Sk129", H, 3, 4, 4, 130, 129, 40, 80, 0, 0.f, N, 0, 0},
+      {"hop bf16 d64 wgsplit Sq1 mqa", BF, 2, 8, 1, 1, 2000, 64, 64, 0, 0.f, N, 0, 0},
+      {"hop f16 d96 wgsplit 5 tiles", H, 1, 5, 5, 200, 600, 96, 96, 0, 0.f, N, 0, 0},
+      {"hop bf16 d64 wgsplit forced 528", BF, 2, 66, 11, 200, 800, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 1},
       // D = 256 (64-key tiles; masks and softcap through the general scoring; never split, so the
       // requested key splits and tail split are ignored): odd Sk, GQA, both causal alignments,
       // key_lengths (a V tile's tail zeroed), Dv != D both ways, bool / additive / padding masks,
@@ -641,7 +657,7 @@ int main(int argc, char** argv) {
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
                                 "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64",
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
-                                "hop f16 d64 bias softcap boolmask"};
+                                "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
@@ -656,6 +672,7 @@ int main(int argc, char** argv) {
       if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
       if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
       if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
+      if (c.wg_split) setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "1", 1);
       // Runs that fail print their own line; the count of them comes from those lines.
       std::mt19937 srng(hseed);
       const int bad = run_case(c, srng, stream, runs) ? 0 : 1;
