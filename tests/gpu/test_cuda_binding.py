@@ -335,7 +335,7 @@ WG_SPLIT_CASES = {
     "seed_512": (1, 12, 12, 512, 512, 64, 64),  # issue 7's seed point: 96 items of 4 key tiles
     "odd_tiles_gqa3": (2, 6, 2, 97, 300, 128, 128),  # 3 key tiles: warpgroup 1 has one turn less
     "sk129_d40_dv80": (3, 4, 4, 130, 129, 40, 80),  # the second tile holds one key
-    "sq1_mqa": (2, 8, 1, 1, 2000, 64, 64),  # one row, 16 key tiles
+    "sq3_mqa": (2, 8, 1, 3, 2000, 64, 64),  # 3 rows (fewer per KV head: a decode shape), 16 key tiles
     "d96_1025": (1, 2, 2, 97, 1025, 96, 96),  # 9 key tiles, the last one key
 }
 
