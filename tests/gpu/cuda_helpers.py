@@ -56,3 +56,13 @@ def require_cuda_module():
     if not opsfuse.cuda.available():
         pytest.fail("opsfuse._cuda is not importable on a GPU machine: build the package with nvcc present")
     return opsfuse.cuda
+
+
+def hopper_kernel_runs():
+    """Whether launches here can take the sm_90a kernel: an H100 / H200 and a build that compiled it."""
+    import torch
+
+    import opsfuse
+
+    archs = str(opsfuse.build_info().get("cuda_architectures", ""))
+    return torch.cuda.get_device_capability() == (9, 0) and "90" in archs

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from accuracy import assert_within_2x_torch, random_inputs
-from cuda_helpers import BF16, fresh_rng, poisoned, require_cuda_module, to_device, to_numpy
+from cuda_helpers import BF16, fresh_rng, hopper_kernel_runs, poisoned, require_cuda_module, to_device, to_numpy
 
 pytestmark = pytest.mark.gpu
 
@@ -261,10 +261,7 @@ def test_persistent_orders_agree(dtype, case, monkeypatch):
         for i, n in enumerate(kl):
             k_run[i, :, n:, :] = np.nan
             v_run[i, :, n:, :] = np.nan
-    import opsfuse
-
-    archs = str(opsfuse.build_info().get("cuda_architectures", ""))
-    hopper = torch.cuda.get_device_capability() == (9, 0) and "90" in archs
+    hopper = hopper_kernel_runs()
     outs = {}
     for name, env in DYNAMIC_ORDER_ENVS.items():
         with monkeypatch.context() as m:
@@ -302,15 +299,10 @@ def test_stream_k_schedule(dtype, case, monkeypatch):
     bitwise equal. Within the 2x rule, as the static order (STREAM_K=0) is. On other GPUs every
     variant is the portable kernel."""
     cuda = require_cuda_module()
-    import torch
-
-    import opsfuse
-
     b, hq, hkv, sq, sk, d, dv = STREAM_K_CASES[case]
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
-    archs = str(opsfuse.build_info().get("cuda_architectures", ""))
-    hopper = torch.cuda.get_device_capability() == (9, 0) and "90" in archs
+    hopper = hopper_kernel_runs()
     outs = {}
     for name, value in (("static", "0"), ("stream_k", "1")):
         with monkeypatch.context() as m:
@@ -349,15 +341,10 @@ def test_warpgroup_key_split(dtype, case, monkeypatch):
     rule. On the H100 / H200 the two must differ in some bits (the split sums the keys in another
     order), which shows that the switch reached the kernel; elsewhere both are the portable kernel."""
     require_cuda_module()
-    import torch
-
-    import opsfuse
-
     b, hq, hkv, sq, sk, d, dv = WG_SPLIT_CASES[case]
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
-    archs = str(opsfuse.build_info().get("cuda_architectures", ""))
-    hopper = torch.cuda.get_device_capability() == (9, 0) and "90" in archs
+    hopper = hopper_kernel_runs()
     outs = {}
     monkeypatch.setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1")
     for name, value in (("split", None), ("whole", "0")):

@@ -53,6 +53,10 @@
 //    last round's items go one per cluster, split by key tiles between its 2 blocks and merged
 //    through distributed shared memory as a key-split launch does (see item_of and the epilogue),
 //    so that round takes about half an item's time plus the merge instead of a whole one.
+//  - Warpgroup key split (kPlainSplit, choose_plan's hopper_wg_split()): a launch of one round
+//    whose blocks would each run a long key loop (seed B=1 H=12 S=512: 48 items on 132 SMs) takes
+//    items of 64 rows instead, both consumer warpgroups on the same rows and alternate key tiles,
+//    merged in shared memory: twice the blocks, half the tiles each.
 //  - Stream-K (choose_plan's plan.stream_k: long non-causal items, a.sk_count != null): after the
 //    static order's whole-item rounds but one, the last items' (item, key tile) units are shared
 //    in equal contiguous ranges, so that no block idles through a partial last round; an item cut
@@ -1220,7 +1224,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // same rows and columns as warpgroup 0's) goes to shared memory over the K ring as float4
     // chunks, chunk c of thread t at c * 128 + t (named barrier 1 first: both warpgroups' last
     // products are done, and the block's one item has no loads left); warpgroup 0 folds it into its
-    // registers as the key-split merge below does and stores the rows, warpgroup 1 is done.
+    // registers as the key-split merge below does and stores the rows, warpgroup 1 is done. (Its
+    // own fold rather than the stream-K one below: that one rounds each product before the sum so
+    // that either part may merge with the same bits; here the order is fixed and FMAs may fuse.)
     if constexpr (kSplitWG) {
       constexpr int kOChunks = kD / 8;
       float4* const part = reinterpret_cast<float4*>(smem_raw + (sK - smem_u32(smem_raw))) + t;
