@@ -349,7 +349,7 @@ struct Persistence {
       p.q_bias != nullptr || ceil_div(p.seq_k, 128) < 2)
     return false;
   const int64_t items = static_cast<int64_t>(ceil_div(p.seq_q, 64)) * p.batch * p.heads_q;
-  return items <= dev.sms || sw.is(Switch::kHopperWgSplit, '1');
+  return items <= dev.sms || (sw.is(Switch::kHopperWgSplit, '1') && items < INT_MAX);  // n_work is an int
 }
 
 // Decode cluster merge: how many clusters of `cluster` blocks of the plan's decode kernel

@@ -323,8 +323,8 @@ __device__ __forceinline__ int tile_class_vote(const uint32_t (&w)[2], int n0, i
 //             skip the pair loads and the per-score mask work (kScoreFast / kScoreNone below).
 //  kPlainSplit  kPlain's scoring on items of 64 rows, whose key tiles the two consumer warpgroups
 //             split between them (warpgroup cw takes tiles t_begin + cw, + 2, ...) and merge in
-//             shared memory at the end (launch_hopper: one-round grids, where a block's time is its
-//             item's key loop and the 128-row launch leaves SMs idle; see hopper_wg_split()).
+//             shared memory at the end (choose_plan's hopper_wg_split(): launches whose 64-row
+//             items fit in one round, where a block's time is its item's key loop).
 enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3, kPlainSplit = 4 };
 constexpr int kModes = 5;
 // How one key tile is scored (a compile-time variant of the loop body, so that each is one basic
