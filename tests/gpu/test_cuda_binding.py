@@ -355,7 +355,7 @@ def test_warpgroup_key_split(dtype, case, monkeypatch):
     for name, out in outs.items():
         assert np.all(np.isfinite(out.astype(np.float64))), f"{name}: non-finite output (seed {seed})"
         assert_within_2x_torch(out, q, k, v, what=f"{name} {case} (seed {seed})")
-    if hopper and sq * sk >= 4096:
+    if hopper:
         assert not np.array_equal(outs["split"].view(np.uint16), outs["whole"].view(np.uint16)), \
             f"the warpgroup key split changed no bit: did it run? (seed {seed})"
 

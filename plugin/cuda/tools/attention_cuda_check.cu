@@ -62,7 +62,7 @@ struct Case {
   int bias = 0;      // 1: random Q, K and V biases (AttentionParams::q_bias ...; the reference adds
                      // them exactly), which the Hopper kernel adds itself and the others read as copies
   int wg_split = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_WG_SPLIT=1 (64-row items whose key tiles
-                     // the two consumer warpgroups split, also where 128-row items fill the SMs)
+                     // the two consumer warpgroups split, also beyond one round of them)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -301,6 +301,15 @@ void set_persistence(const Case& c) {
   if (c.persist > 2) setenv("OPSFUSE_CUDA_HOPPER_SCHED_HEADS", std::to_string(c.persist - 2).c_str(), 1);
 }
 
+// Every Hopper schedule switch a case asks for (persistence, key / tail / warpgroup splits, stream-K).
+void set_schedule_switches(const Case& c) {
+  set_persistence(c);
+  if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
+  if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
+  if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
+  if (c.wg_split) setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "1", 1);
+}
+
 // An environment variable's value as the caller set it ("" when unset), and putting it back.
 std::string env_value(const char* name) {
   const char* v = std::getenv(name);
@@ -326,11 +335,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
     if (pass == 0) {
       unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
-      set_persistence(c);
-      if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
-      if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
-      if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
-      if (c.wg_split) setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "1", 1);
+      set_schedule_switches(c);
     } else {
       if (c.splits > 0) unsetenv("OPSFUSE_CUDA_HOPPER_SPLITS");
       // Back to the environment's own value: an OPSFUSE_CUDA_HOPPER_PERSISTENT given by the caller
@@ -590,8 +595,9 @@ int main(int argc, char** argv) {
       // Warpgroup key split (choose_plan's hopper_wg_split(): one round of 64-row items, each
       // warpgroup on every other key tile, merged in shared memory): the seed's S=512; 3 key tiles
       // (warpgroup 1 one turn short) with GQA 3 and Sq = 97; Sk = 129 (the second tile one key) with
-      // D = 40 / Dv = 80; Sq = 3 with 16 key tiles, MQA (fewer rows per KV head would be a decode shape); D = 96 with 5 tiles; forced
-      // (OPSFUSE_CUDA_HOPPER_WG_SPLIT=1) beyond one round: 528 items of 7 key tiles, GQA 6.
+      // D = 40 / Dv = 80; Sq = 3 with 16 key tiles, MQA (fewer rows per KV head would be a decode
+      // shape); D = 96 with 5 tiles; forced (OPSFUSE_CUDA_HOPPER_WG_SPLIT=1) beyond one round: 528
+      // items of 7 key tiles, GQA 6.
       {"hop f16 d64 wgsplit seed 12x512", H, 1, 12, 12, 512, 512, 64, 64, 0, 0.f, N, 0, 0},
       {"hop bf16 d128 wgsplit 3 tiles gqa3", BF, 2, 6, 2, 97, 300, 128, 128, 0, 0.f, N, 0, 0},
       {"hop f16 d40/80 wgsplit Sk129", H, 3, 4, 4, 130, 129, 40, 80, 0, 0.f, N, 0, 0},
@@ -669,11 +675,7 @@ int main(int argc, char** argv) {
     if (stress) {
       const int runs = std::atoi(argv[3]);
       setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1", 1);
-      set_persistence(c);
-      if (c.splits > 0) setenv("OPSFUSE_CUDA_HOPPER_SPLITS", std::to_string(c.splits).c_str(), 1);
-      if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
-      if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
-      if (c.wg_split) setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "1", 1);
+      set_schedule_switches(c);
       // Runs that fail print their own line; the count of them comes from those lines.
       std::mt19937 srng(hseed);
       const int bad = run_case(c, srng, stream, runs) ? 0 : 1;
