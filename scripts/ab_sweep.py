@@ -50,8 +50,13 @@ ITEMS = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.bfloat1
          (8, 12, 512, 64, torch.float16, 0), (1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0)]
 # seed: issue 7's seed grid (B=1 H=12 D=64 fp16, S=128-2048: one-round launches but the last)
 SEED = [(1, 12, s, 64, torch.float16, 0) for s in (128, 256, 512, 1024, 2048)]
+# rate: the key loop's per-tile rate at D = 64 and 128 (changes inside the softmax): one-round seed
+# launches, BERT-like and long D = 64 grids, D = 128 prefill non-causal and causal
+RATE = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0),
+        (8, 12, 512, 64, torch.float16, 0), (4, 16, 4096, 64, torch.float16, 0), (8, 16, 1024, 128, torch.bfloat16, 0),
+        (8, 16, 4096, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 1)]
 GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "causal": CAUSAL, "items": ITEMS,
-         "seed": SEED}
+         "seed": SEED, "rate": RATE}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 

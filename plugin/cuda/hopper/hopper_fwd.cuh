@@ -157,6 +157,35 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// 2^x for x <= ~0 on the FMA and integer pipes instead of the MUFU unit, which issues one warp
+// instruction per 8 clocks per SM sub-partition: a softmax's 64 exponentials per thread and tile
+// wait out that interval back to back with little else to issue between them (Nsight Compute,
+// session 12). x = j + f with j = rn(x) (the 1.5 * 2^23 shift), 2^f by a degree-4 polynomial on
+// [-0.5, 0.5] (relative error <= 2.9e-6; the P operand is rounded to 2^-11 or 2^-8 after it),
+// 2^j as a float built from j's bits. x < -127 is clamped there, where 2^j's bits are 0 and the
+// result 0 (as ex2 of -inf); max.NaN keeps a NaN, and NaN * 2^j stays NaN.
+__device__ __forceinline__ float ex2_fma_pipe(float x) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  float xc;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(xc) : "f"(x), "f"(-127.0f));
+  const float t = xc + kShift;     // low mantissa bits: j, two's complement
+  const float f = xc - (t - kShift);
+  float p = fmaf(0.00958278030f, f, 0.0559061430f);
+  p = fmaf(p, f, 0.240240976f);
+  p = fmaf(p, f, 0.693124235f);
+  p = fmaf(p, f, 1.0f);
+  // (0x4B400000 + j) * 2^23 wraps to j * 2^23: the exponent field of 2^j once 127 is added.
+  const float two_j = __int_as_float(__float_as_int(t) * (1 << 23) + 0x3F800000);
+  return p * two_j;
+}
+
+// Compile-time A/B knob (docs/notes/cuda_kernel.md, session 20): every N-th column pair of a row's
+// exponentials on the FMA pipe (ex2_fma_pipe), the rest on MUFU; 0 = all on MUFU.
+#ifndef OPSFUSE_HOPPER_EXP_ON_FMA
+#define OPSFUSE_HOPPER_EXP_ON_FMA 0
+#endif
+constexpr int kExpOnFmaEvery = OPSFUSE_HOPPER_EXP_ON_FMA;
+
 // wgmma shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63), base offset 0.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
@@ -919,8 +948,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         m_run[hh] = mx;
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
-          s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
-          s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
+          const bool fma_pipe = kExpOnFmaEvery > 0 && i % kExpOnFmaEvery == kExpOnFmaEvery - 1;
+          auto e2 = [&](float x) { return fma_pipe ? ex2_fma_pipe(x) : ex2(x); };
+          s[i * 4 + 2 * hh] = e2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
+          s[i * 4 + 2 * hh + 1] = e2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
         }
       }
       if constexpr (!decltype(defer_sums)::value) row_sums();
