@@ -113,16 +113,29 @@ constexpr int kConsumerWarps = 8;
 // stores, one per 64-column region and consumer warpgroup (the same profile: ~13 % of the samples in
 // the epilogue's 32 four-byte global stores per thread at D = 128, which throttle the LSU); D <= 128
 // (225 KB in all at D = 128), D = 256 stores from registers.
+// Compile-time A/B knob (docs/notes/cuda_kernel.md, session 20): at D = 64 the row sums of P come
+// out of the P V product, from 8 extra columns of ones (Config::kRowSumMma).
+#ifndef OPSFUSE_HOPPER_ROWSUM_MMA
+#define OPSFUSE_HOPPER_ROWSUM_MMA 0
+#endif
+
 template <int kD>
 struct Config {
   static constexpr int kBN = kD == 256 ? 64 : hopper::kBN;
+  // Row sums in the MMA (D = 64): O += P [V | 1] with m64n72k16, the 8 columns past D read from one
+  // 16 KB region of ones (the V descriptor's LBO points there from each stage), so the sums of the
+  // P that the product uses land in O's columns 64-71, rescaled with O, and the 64 additions per
+  // thread and tile leave the softmax (the D = 64 loop is paced by the consumers' instruction
+  // stream: session 20's A/B, more instructions -> slower in proportion).
+  static constexpr bool kRowSumMma = kD == 64 && OPSFUSE_HOPPER_ROWSUM_MMA != 0;
+  static constexpr int kOCols = kD + (kRowSumMma ? 8 : 0);  // O accumulator columns
   static constexpr int kStages = kD == 64 ? 3 : 2;
   static constexpr int kQBuffers = kD == 256 ? 1 : 2;
   static constexpr bool kOStage = kD <= 128;
   static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
   static constexpr int kKVBytes = kBN * kD * 2;  // one K (or V) tile
-  static constexpr int kSmem =
-      (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + 1024;  // + alignment slack
+  static constexpr int kSmem = (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes +
+                               (kRowSumMma ? kKVBytes : 0) + 1024;  // + alignment slack
 };
 
 // --- PTX wrappers (TMA / mbarrier ones: tma_ops.cuh) ------------------------------------------
@@ -156,35 +169,6 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-
-// 2^x for x <= ~0 on the FMA and integer pipes instead of the MUFU unit, which issues one warp
-// instruction per 8 clocks per SM sub-partition: a softmax's 64 exponentials per thread and tile
-// wait out that interval back to back with little else to issue between them (Nsight Compute,
-// session 12). x = j + f with j = rn(x) (the 1.5 * 2^23 shift), 2^f by a degree-4 polynomial on
-// [-0.5, 0.5] (relative error <= 2.9e-6; the P operand is rounded to 2^-11 or 2^-8 after it),
-// 2^j as a float built from j's bits. x < -127 is clamped there, where 2^j's bits are 0 and the
-// result 0 (as ex2 of -inf); max.NaN keeps a NaN, and NaN * 2^j stays NaN.
-__device__ __forceinline__ float ex2_fma_pipe(float x) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
-  float xc;
-  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(xc) : "f"(x), "f"(-127.0f));
-  const float t = xc + kShift;     // low mantissa bits: j, two's complement
-  const float f = xc - (t - kShift);
-  float p = fmaf(0.00958278030f, f, 0.0559061430f);
-  p = fmaf(p, f, 0.240240976f);
-  p = fmaf(p, f, 0.693124235f);
-  p = fmaf(p, f, 1.0f);
-  // (0x4B400000 + j) * 2^23 wraps to j * 2^23: the exponent field of 2^j once 127 is added.
-  const float two_j = __int_as_float(__float_as_int(t) * (1 << 23) + 0x3F800000);
-  return p * two_j;
-}
-
-// Compile-time A/B knob (docs/notes/cuda_kernel.md, session 20): every N-th column pair of a row's
-// exponentials on the FMA pipe (ex2_fma_pipe), the rest on MUFU; 0 = all on MUFU.
-#ifndef OPSFUSE_HOPPER_EXP_ON_FMA
-#define OPSFUSE_HOPPER_EXP_ON_FMA 0
-#endif
-constexpr int kExpOnFmaEvery = OPSFUSE_HOPPER_EXP_ON_FMA;
 
 // wgmma shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63), base offset 0.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -220,7 +204,13 @@ __device__ __forceinline__ void mma_qk(float (&d)[kN / 2], uint64_t desc_a, uint
 template <typename T, int kD>
 __device__ __forceinline__ void mma_pv(float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   const uint32_t scale_d = 1;
-  if constexpr (kD == 256) {
+  if constexpr (kD == 72) {
+    if constexpr (std::is_same_v<T, __half>) {
+      OPSFUSE_WGMMA_RS_N72(".f16.f16");
+    } else {
+      OPSFUSE_WGMMA_RS_N72(".bf16.bf16");
+    }
+  } else if constexpr (kD == 256) {
     if constexpr (std::is_same_v<T, __half>) {
       OPSFUSE_WGMMA_RS_N256(".f16.f16");
     } else {
@@ -394,6 +384,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
   const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kKVBytes
   const uint32_t sO = sK + 2 * kStages * Cfg::kKVBytes;  // the output tile (Config::kOStage)
+  const uint32_t sOnes = sO + (Cfg::kOStage ? Cfg::kQBytes : 0);  // Config::kRowSumMma's ones
   auto bar_kfull = [&](int s) { return smem_u32(&bars[s]); };
   auto bar_vfull = [&](int s) { return smem_u32(&bars[kStages + s]); };
   auto bar_kempty = [&](int s) { return smem_u32(&bars[2 * kStages + s]); };
@@ -681,6 +672,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- consumers ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  if constexpr (Cfg::kRowSumMma) {
+    // The ones region (T's 1.0 in every element: whatever the swizzle puts where), written once by
+    // the consumers before their first P V product, made visible to the tensor cores' async proxy.
+    const uint32_t one2 = pack2<T>(1.0f, 1.0f);
+    for (int i = tid - 128; i < Cfg::kKVBytes / 16; i += 256)
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sOnes + i * 16), "r"(one2) : "memory");
+    fence_proxy_async_smem();
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  }
   const int cw = wg - 1;            // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int t = tid % 128;
   const int warp = t / 32, lane = t % 32;
@@ -771,9 +771,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr bool kPairMask = kMode == kMaskAdd || kMode == kMaskBool;
     constexpr bool elementwise = kElementwise;
 
-    float o[kD / 2];
+    constexpr bool kRowSumMma = Cfg::kRowSumMma;
+    float o[Cfg::kOCols / 2];  // with kRowSumMma: o[kD / 2] and o[kD / 2 + 2] are rows hh = 0 / 1's sums
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+    for (int i = 0; i < Cfg::kOCols / 2; ++i) o[i] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float alpha[2] = {1.0f, 1.0f};
     float s[kBN / 2];
@@ -813,6 +814,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
         if constexpr (kD >= 128) mma_pv<T, kD>(o, pf[kk], desc_plus(v_desc, kk * 16 * 128));
+        else if constexpr (kRowSumMma) mma_pv<T, Cfg::kOCols>(o, pf[kk], smem_desc(vb + kk * 16 * 128, sOnes - vb, 1024));
         else mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
       }
     };
@@ -853,17 +855,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
-    // l = l * alpha + this tile's row sum (even and odd columns summed apart, then added).
+    // l = l * alpha + this tile's row sum (even and odd columns summed apart, then added); with
+    // kRowSumMma the P V product does it, in O's extra columns.
     auto row_sums = [&]() {
+      if constexpr (!kRowSumMma) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float sum0 = 0.0f, sum1 = 0.0f;
+        for (int hh = 0; hh < 2; ++hh) {
+          float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kBN / 8; ++i) {
-          sum0 += s[i * 4 + 2 * hh];
-          sum1 += s[i * 4 + 2 * hh + 1];
+          for (int i = 0; i < kBN / 8; ++i) {
+            sum0 += s[i * 4 + 2 * hh];
+            sum1 += s[i * 4 + 2 * hh + 1];
+          }
+          l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
         }
-        l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
       }
     };
     // `defer_sums` (std::true_type): the row sums are left to row_sums(), called after the P V wait.
@@ -948,10 +953,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         m_run[hh] = mx;
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
-          const bool fma_pipe = kExpOnFmaEvery > 0 && i % kExpOnFmaEvery == kExpOnFmaEvery - 1;
-          auto e2 = [&](float x) { return fma_pipe ? ex2_fma_pipe(x) : ex2(x); };
-          s[i * 4 + 2 * hh] = e2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
-          s[i * 4 + 2 * hh + 1] = e2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
+          s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
+          s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
         }
       }
       if constexpr (!decltype(defer_sums)::value) row_sums();
@@ -993,7 +996,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto rescale_o_by = [&](const float (&f)[2]) {
 #pragma unroll
-      for (int i = 0; i < kD / 8; ++i) {
+      for (int i = 0; i < Cfg::kOCols / 8; ++i) {
         o[i * 4 + 0] *= f[0];
         o[i * 4 + 1] *= f[0];
         o[i * 4 + 2] *= f[1];
@@ -1249,6 +1252,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // continues into the block's next item, whose producer waits for this stage's release when
       // the ring comes round to it (kStages tiles later); without this arrive it waits forever.
       if (lane == 0) release(bar_vempty(last));
+    }
+    // Row sums in the MMA: every lane of a quad holds its rows' whole sums (columns 64-71 are all
+    // ones); the merges and the epilogue add l_run over the quad, so one lane carries it.
+    if constexpr (kRowSumMma) {
+      l_run[0] = lane % 4 == 0 ? o[kD / 2] : 0.0f;
+      l_run[1] = lane % 4 == 0 ? o[kD / 2 + 2] : 0.0f;
     }
 
     // kPlainSplit merge: warpgroup 1's partial result (O, max, per-thread sum; its threads hold the
