@@ -96,6 +96,16 @@ namespace opsfuse::cuda::detail {
 
 namespace hopper {
 
+// Compile-time A/B knob (docs/notes/cuda_kernel.md, session 20): the running max, the exponent
+// base of P, moves only when a row of the warp outgrows it by more than kRescaleSlack (log2 units;
+// P <= 2^8 otherwise), so that most tiles skip O's rescale (kD / 2 multiplies per thread ahead of
+// the next products) and alpha's exponentials. O and l share the base, so O / l is the same sum.
+#ifndef OPSFUSE_HOPPER_LAZY_RESCALE
+#define OPSFUSE_HOPPER_LAZY_RESCALE 0
+#endif
+constexpr bool kLazyRescale = OPSFUSE_HOPPER_LAZY_RESCALE != 0;
+constexpr float kRescaleSlack = 8.0f;
+
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups
@@ -113,29 +123,16 @@ constexpr int kConsumerWarps = 8;
 // stores, one per 64-column region and consumer warpgroup (the same profile: ~13 % of the samples in
 // the epilogue's 32 four-byte global stores per thread at D = 128, which throttle the LSU); D <= 128
 // (225 KB in all at D = 128), D = 256 stores from registers.
-// Compile-time A/B knob (docs/notes/cuda_kernel.md, session 20): at D = 64 the row sums of P come
-// out of the P V product, from 8 extra columns of ones (Config::kRowSumMma).
-#ifndef OPSFUSE_HOPPER_ROWSUM_MMA
-#define OPSFUSE_HOPPER_ROWSUM_MMA 0
-#endif
-
 template <int kD>
 struct Config {
   static constexpr int kBN = kD == 256 ? 64 : hopper::kBN;
-  // Row sums in the MMA (D = 64): O += P [V | 1] with m64n72k16, the 8 columns past D read from one
-  // 16 KB region of ones (the V descriptor's LBO points there from each stage), so the sums of the
-  // P that the product uses land in O's columns 64-71, rescaled with O, and the 64 additions per
-  // thread and tile leave the softmax (the D = 64 loop is paced by the consumers' instruction
-  // stream: session 20's A/B, more instructions -> slower in proportion).
-  static constexpr bool kRowSumMma = kD == 64 && OPSFUSE_HOPPER_ROWSUM_MMA != 0;
-  static constexpr int kOCols = kD + (kRowSumMma ? 8 : 0);  // O accumulator columns
   static constexpr int kStages = kD == 64 ? 3 : 2;
   static constexpr int kQBuffers = kD == 256 ? 1 : 2;
   static constexpr bool kOStage = kD <= 128;
   static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
   static constexpr int kKVBytes = kBN * kD * 2;  // one K (or V) tile
-  static constexpr int kSmem = (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes +
-                               (kRowSumMma ? kKVBytes : 0) + 1024;  // + alignment slack
+  static constexpr int kSmem =
+      (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + 1024;  // + alignment slack
 };
 
 // --- PTX wrappers (TMA / mbarrier ones: tma_ops.cuh) ------------------------------------------
@@ -204,13 +201,7 @@ __device__ __forceinline__ void mma_qk(float (&d)[kN / 2], uint64_t desc_a, uint
 template <typename T, int kD>
 __device__ __forceinline__ void mma_pv(float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   const uint32_t scale_d = 1;
-  if constexpr (kD == 72) {
-    if constexpr (std::is_same_v<T, __half>) {
-      OPSFUSE_WGMMA_RS_N72(".f16.f16");
-    } else {
-      OPSFUSE_WGMMA_RS_N72(".bf16.bf16");
-    }
-  } else if constexpr (kD == 256) {
+  if constexpr (kD == 256) {
     if constexpr (std::is_same_v<T, __half>) {
       OPSFUSE_WGMMA_RS_N256(".f16.f16");
     } else {
@@ -384,7 +375,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
   const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kKVBytes
   const uint32_t sO = sK + 2 * kStages * Cfg::kKVBytes;  // the output tile (Config::kOStage)
-  const uint32_t sOnes = sO + (Cfg::kOStage ? Cfg::kQBytes : 0);  // Config::kRowSumMma's ones
   auto bar_kfull = [&](int s) { return smem_u32(&bars[s]); };
   auto bar_vfull = [&](int s) { return smem_u32(&bars[kStages + s]); };
   auto bar_kempty = [&](int s) { return smem_u32(&bars[2 * kStages + s]); };
@@ -672,15 +662,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- consumers ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-  if constexpr (Cfg::kRowSumMma) {
-    // The ones region (T's 1.0 in every element: whatever the swizzle puts where), written once by
-    // the consumers before their first P V product, made visible to the tensor cores' async proxy.
-    const uint32_t one2 = pack2<T>(1.0f, 1.0f);
-    for (int i = tid - 128; i < Cfg::kKVBytes / 16; i += 256)
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sOnes + i * 16), "r"(one2) : "memory");
-    fence_proxy_async_smem();
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
-  }
   const int cw = wg - 1;            // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int t = tid % 128;
   const int warp = t / 32, lane = t % 32;
@@ -771,12 +752,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr bool kPairMask = kMode == kMaskAdd || kMode == kMaskBool;
     constexpr bool elementwise = kElementwise;
 
-    constexpr bool kRowSumMma = Cfg::kRowSumMma;
-    float o[Cfg::kOCols / 2];  // with kRowSumMma: o[kD / 2] and o[kD / 2 + 2] are rows hh = 0 / 1's sums
+    float o[kD / 2];
 #pragma unroll
-    for (int i = 0; i < Cfg::kOCols / 2; ++i) o[i] = 0.0f;
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float alpha[2] = {1.0f, 1.0f};
+    // kLazyRescale in the plain kernels only: in the others (first tile inside the key loop), a
+    // conditional rescale made ptxas serialize every wgmma (C7515).
+    constexpr bool kLazy = kLazyRescale && (kMode == kPlain || kSplitWG);
+    bool rescale_due = false;  // kLazy: this warp's alpha is not 1 (warp-uniform)
     float s[kBN / 2];
 #pragma unroll
     for (int i = 0; i < kBN / 2; ++i) s[i] = 0.0f;
@@ -814,7 +798,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
         if constexpr (kD >= 128) mma_pv<T, kD>(o, pf[kk], desc_plus(v_desc, kk * 16 * 128));
-        else if constexpr (kRowSumMma) mma_pv<T, Cfg::kOCols>(o, pf[kk], smem_desc(vb + kk * 16 * 128, sOnes - vb, 1024));
         else mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
       }
     };
@@ -855,20 +838,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
-    // l = l * alpha + this tile's row sum (even and odd columns summed apart, then added); with
-    // kRowSumMma the P V product does it, in O's extra columns.
+    // l = l * alpha + this tile's row sum (even and odd columns summed apart, then added).
     auto row_sums = [&]() {
-      if constexpr (!kRowSumMma) {
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          float sum0 = 0.0f, sum1 = 0.0f;
+      for (int hh = 0; hh < 2; ++hh) {
+        float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-          for (int i = 0; i < kBN / 8; ++i) {
-            sum0 += s[i * 4 + 2 * hh];
-            sum1 += s[i * 4 + 2 * hh + 1];
-          }
-          l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
+        for (int i = 0; i < kBN / 8; ++i) {
+          sum0 += s[i * 4 + 2 * hh];
+          sum1 += s[i * 4 + 2 * hh + 1];
         }
+        l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
       }
     };
     // `defer_sums` (std::true_type): the row sums are left to row_sums(), called after the P V wait.
@@ -881,6 +861,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kBN / 2; ++i) s[i] = 0.0f;
         alpha[0] = alpha[1] = 1.0f;
+        rescale_due = false;
         return;
       }
       if constexpr (kV == kScoreMask && kPairMask) {
@@ -925,6 +906,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Fast tiles (positive scale) keep the raw q.k: the row max is taken on them (scaling is
       // monotone) and the scale is folded into the exponent's FFMA.
       const float c = kV == kScoreFast ? a.scale_log2 : 1.0f;
+      [[maybe_unused]] float tile_max[2];  // kLazy: each row's max of its base and this tile's scores
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         // The row max. D = 64 takes it through 4 independent chains (one 16-deep chain of
@@ -948,6 +930,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         float mx = fmaxf(m_run[hh], tmax * c);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if constexpr (kLazy) {
+          tile_max[hh] = mx;
+          continue;  // the exponentials below, once both rows' maxima are known
+        }
         const float mbase = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
         alpha[hh] = ex2(m_run[hh] - mbase);
         m_run[hh] = mx;
@@ -955,6 +941,29 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < kBN / 8; ++i) {
           s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
           s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
+        }
+      }
+      if constexpr (kLazy) {
+        // The warp moves its bases only if a row outgrew its own by more than the slack (a row
+        // fully masked so far, -inf, moves at its first visible key); then each row takes its max.
+        const bool grew = tile_max[0] > m_run[0] + kRescaleSlack || tile_max[1] > m_run[1] + kRescaleSlack;
+        rescale_due = __any_sync(0xffffffffu, grew);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          if (rescale_due) {
+            const float mx = tile_max[hh];
+            const float mbase = mx == -INFINITY ? 0.0f : mx;
+            alpha[hh] = ex2(m_run[hh] - mbase);
+            m_run[hh] = mx;
+          } else {
+            alpha[hh] = 1.0f;
+          }
+          const float mbase = m_run[hh] == -INFINITY ? 0.0f : m_run[hh];
+#pragma unroll
+          for (int i = 0; i < kBN / 8; ++i) {
+            s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
+            s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
+          }
         }
       }
       if constexpr (!decltype(defer_sums)::value) row_sums();
@@ -996,7 +1005,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto rescale_o_by = [&](const float (&f)[2]) {
 #pragma unroll
-      for (int i = 0; i < Cfg::kOCols / 8; ++i) {
+      for (int i = 0; i < kD / 8; ++i) {
         o[i * 4 + 0] *= f[0];
         o[i * 4 + 1] *= f[0];
         o[i * 4 + 2] *= f[1];
@@ -1181,7 +1190,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int st = stage_of(it), prev = stage_of(it - kStride);  // prev: this warpgroup's previous tile
         if constexpr (kV == kScoreMask) load_mask(it);  // independent of S(it): in flight while the wgmmas run
         if (it + 1 < t_end) class_load(it + 1);
-        rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added (first: O = 0, alpha = 1)
+        if (!kLazy || rescale_due) rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added (first: O = 0, alpha = 1)
         OPSFUSE_HOPPER_TIMED(0, mbar_wait(bar_kfull(st), parity_of(it)));
         if (!first) OPSFUSE_HOPPER_TIMED(1, mbar_wait(bar_vfull(prev), parity_of(it - kStride)));
         __syncwarp();
@@ -1231,7 +1240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         with_scoring(it, cls_next, [&](auto variant) { step(it, variant); });
       }
       const int last = stage_of(my_last);
-      rescale_o();
+      if (!kLazy || rescale_due) rescale_o();
       mbar_wait(bar_vfull(last), parity_of(my_last));
       __syncwarp();
       zero_v_tail(last, my_last);
@@ -1252,12 +1261,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       // continues into the block's next item, whose producer waits for this stage's release when
       // the ring comes round to it (kStages tiles later); without this arrive it waits forever.
       if (lane == 0) release(bar_vempty(last));
-    }
-    // Row sums in the MMA: every lane of a quad holds its rows' whole sums (columns 64-71 are all
-    // ones); the merges and the epilogue add l_run over the quad, so one lane carries it.
-    if constexpr (kRowSumMma) {
-      l_run[0] = lane % 4 == 0 ? o[kD / 2] : 0.0f;
-      l_run[1] = lane % 4 == 0 ? o[kD / 2 + 2] : 0.0f;
     }
 
     // kPlainSplit merge: warpgroup 1's partial result (O, max, per-thread sum; its threads hold the
