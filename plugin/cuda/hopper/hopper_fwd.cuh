@@ -910,6 +910,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       // monotone) and the scale is folded into the exponent's FFMA.
       const float c = kV == kScoreFast ? a.scale_log2 : 1.0f;
       [[maybe_unused]] float tile_max[2];  // kLazy: each row's max of its base and this tile's scores
+      // Row hh's exponentials against base mx (fully masked so far, -inf: base 0, exp2(-inf) = 0).
+      auto exponentiate = [&](int hh, float mx) {
+        const float mbase = mx == -INFINITY ? 0.0f : mx;
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i) {
+          s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
+          s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
+        }
+      };
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         // The row max. D = 64 takes it through 4 independent chains (one 16-deep chain of
@@ -937,14 +946,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           tile_max[hh] = mx;
           continue;  // the exponentials below, once both rows' maxima are known
         }
-        const float mbase = mx == -INFINITY ? 0.0f : mx;  // fully masked so far: exp2(-inf) = 0
-        alpha[hh] = ex2(m_run[hh] - mbase);
+        alpha[hh] = ex2(m_run[hh] - (mx == -INFINITY ? 0.0f : mx));
         m_run[hh] = mx;
-#pragma unroll
-        for (int i = 0; i < kBN / 8; ++i) {
-          s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
-          s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
-        }
+        exponentiate(hh, mx);
       }
       if constexpr (kLazy) {
         // The warp moves its bases only if a row outgrew its own by more than the slack (a row
@@ -955,18 +959,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int hh = 0; hh < 2; ++hh) {
           if (rescale_due) {
             const float mx = tile_max[hh];
-            const float mbase = mx == -INFINITY ? 0.0f : mx;
-            alpha[hh] = ex2(m_run[hh] - mbase);
+            alpha[hh] = ex2(m_run[hh] - (mx == -INFINITY ? 0.0f : mx));
             m_run[hh] = mx;
           } else {
             alpha[hh] = 1.0f;
           }
-          const float mbase = m_run[hh] == -INFINITY ? 0.0f : m_run[hh];
-#pragma unroll
-          for (int i = 0; i < kBN / 8; ++i) {
-            s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
-            s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
-          }
+          exponentiate(hh, m_run[hh]);
         }
       }
       if constexpr (!decltype(defer_sums)::value) row_sums();
