@@ -1264,13 +1264,43 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) release(bar_vempty(last));
     }
 
+    // Folds another part's (O, max, per-thread sum) of the same rows and columns into this thread's
+    // registers: max M, O = O 2^(m - M) + O' 2^(m' - M), l likewise (m = -inf: weight 0).
+    // `other(c)` is its float4 chunk c (O[4c .. 4c + 3], rows hh 0, 0, 1, 1; c = kD / 8: (m0, m1,
+    // l0, l1)). `rounded` (std::true_type): each product rounded before the one sum, so that
+    // a + b = b + a bit for bit (stream-K: either part may merge); else FMAs may fuse.
+    auto fold_partial = [&](auto other, auto rounded) {
+      constexpr int kOChunks = kD / 8;
+      auto mix = [](float wa, float x, float wb, float y) {
+        if constexpr (decltype(rounded)::value) return __fadd_rn(__fmul_rn(wa, x), __fmul_rn(wb, y));
+        else return wa * x + wb * y;
+      };
+      const float4 ml = other(kOChunks);
+      float wo[2], wx[2];
+      const float mx[2] = {fmaxf(m_run[0], ml.x), fmaxf(m_run[1], ml.y)};
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float mb = mx[hh] == -INFINITY ? 0.0f : mx[hh];
+        wo[hh] = ex2(m_run[hh] - mb);
+        wx[hh] = ex2((hh == 0 ? ml.x : ml.y) - mb);
+        l_run[hh] = mix(wo[hh], l_run[hh], wx[hh], hh == 0 ? ml.z : ml.w);
+      }
+#pragma unroll
+      for (int c = 0; c < kOChunks; ++c) {
+        const float4 v = other(c);
+        o[4 * c] = mix(wo[0], o[4 * c], wx[0], v.x);
+        o[4 * c + 1] = mix(wo[0], o[4 * c + 1], wx[0], v.y);
+        o[4 * c + 2] = mix(wo[1], o[4 * c + 2], wx[1], v.z);
+        o[4 * c + 3] = mix(wo[1], o[4 * c + 3], wx[1], v.w);
+      }
+    };
+
     // kPlainSplit merge: warpgroup 1's partial result (O, max, per-thread sum; its threads hold the
     // same rows and columns as warpgroup 0's) goes to shared memory over the K ring as float4
     // chunks, chunk c of thread t at c * 128 + t (named barrier 1 first: both warpgroups' last
     // products are done, and the block's one item has no loads left); warpgroup 0 folds it into its
-    // registers as the key-split merge below does and stores the rows, warpgroup 1 is done. (Its
-    // own fold rather than the stream-K one below: that one rounds each product before the sum so
-    // that either part may merge with the same bits; here the order is fixed and FMAs may fuse.)
+    // registers (fold_partial, unrounded: the order is fixed) and stores the rows, warpgroup 1 is
+    // done.
     if constexpr (kSplitWG) {
       constexpr int kOChunks = kD / 8;
       float4* const part = reinterpret_cast<float4*>(smem_raw + (sK - smem_u32(smem_raw))) + t;
@@ -1282,24 +1312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       if (cw == 1) return;
-      const float4 ml = part[kOChunks * 128];
-      float wo[2], wx[2];
-      const float mx[2] = {fmaxf(m_run[0], ml.x), fmaxf(m_run[1], ml.y)};
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float mb = mx[hh] == -INFINITY ? 0.0f : mx[hh];
-        wo[hh] = ex2(m_run[hh] - mb);
-        wx[hh] = ex2((hh == 0 ? ml.x : ml.y) - mb);
-        l_run[hh] = wo[hh] * l_run[hh] + wx[hh] * (hh == 0 ? ml.z : ml.w);
-      }
-#pragma unroll
-      for (int c = 0; c < kOChunks; ++c) {
-        const float4 v = part[c * 128];
-        o[4 * c] = wo[0] * o[4 * c] + wx[0] * v.x;
-        o[4 * c + 1] = wo[0] * o[4 * c + 1] + wx[0] * v.y;
-        o[4 * c + 2] = wo[1] * o[4 * c + 2] + wx[1] * v.z;
-        o[4 * c + 3] = wo[1] * o[4 * c + 3] + wx[1] * v.w;
-      }
+      fold_partial([&](int c) { return part[c * 128]; }, std::false_type{});
     }
 
     // Stream-K exchange of a cut item (see item_of): each part's consumers put (O, max, per-thread
@@ -1347,24 +1360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           continue;
         }
       }
-      const float4 ml = __ldcg(other + kOChunks * 256);
-      float wo[2], wx[2];
-      const float mx[2] = {fmaxf(m_run[0], ml.x), fmaxf(m_run[1], ml.y)};
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float mb = mx[hh] == -INFINITY ? 0.0f : mx[hh];
-        wo[hh] = ex2(m_run[hh] - mb);
-        wx[hh] = ex2((hh == 0 ? ml.x : ml.y) - mb);
-        l_run[hh] = __fadd_rn(__fmul_rn(wo[hh], l_run[hh]), __fmul_rn(wx[hh], hh == 0 ? ml.z : ml.w));
-      }
-#pragma unroll
-      for (int c = 0; c < kOChunks; ++c) {
-        const float4 v = __ldcg(other + c * 256);
-        o[4 * c] = __fadd_rn(__fmul_rn(wo[0], o[4 * c]), __fmul_rn(wx[0], v.x));
-        o[4 * c + 1] = __fadd_rn(__fmul_rn(wo[0], o[4 * c + 1]), __fmul_rn(wx[0], v.y));
-        o[4 * c + 2] = __fadd_rn(__fmul_rn(wo[1], o[4 * c + 2]), __fmul_rn(wx[1], v.z));
-        o[4 * c + 3] = __fadd_rn(__fmul_rn(wo[1], o[4 * c + 3]), __fmul_rn(wx[1], v.w));
-      }
+      fold_partial([&](int c) { return __ldcg(other + c * 256); }, std::true_type{});
     }
 
     const int ns = splits_in(round);  // recomputed here: not a register through the key loop
