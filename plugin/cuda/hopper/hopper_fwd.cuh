@@ -101,8 +101,8 @@ namespace hopper {
 // otherwise), so that most tiles skip O's rescale (64 multiplies per thread at D = 128, right
 // ahead of the next products) and alpha's exponentials. O and l share the base, so O / l is the
 // same quotient. Taken in the plain kernels at D = 128 (the H200 A/B: S=4096 -4 %, causal -3 %,
-// S=1024 -2 %); at D = 64 the same code measured 6-10 % slower, D = 256 is unmeasured. The macro
-// (compile time, A/B builds): 0 turns it off.
+// S=1024 -2 %) and D = 256 (S=4096 -8 %, causal -7 to -10 %, S=1024 -4 %; session 21); at D = 64
+// the same code measured 6-10 % slower. The macro (compile time, A/B builds): 0 turns it off.
 #ifndef OPSFUSE_HOPPER_LAZY_RESCALE
 #define OPSFUSE_HOPPER_LAZY_RESCALE 1
 #endif
@@ -760,9 +760,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float alpha[2] = {1.0f, 1.0f};
-    // kLazyRescale at D = 128 in the plain kernels only: in the others (first tile inside the key
+    // kLazyRescale at D >= 128 in the plain kernels only: in the others (first tile inside the key
     // loop) the conditional rescale made ptxas serialize every wgmma (C7515).
-    constexpr bool kLazy = kLazyRescale && kD == 128 && (kMode == kPlain || kSplitWG);
+    constexpr bool kLazy = kLazyRescale && kD >= 128 && (kMode == kPlain || kSplitWG);
     bool rescale_due = false;  // kLazy: this warp's alpha is not 1 (warp-uniform)
     float s[kBN / 2];
 #pragma unroll
