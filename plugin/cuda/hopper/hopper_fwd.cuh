@@ -101,7 +101,7 @@ namespace hopper {
 // otherwise), so that most tiles skip O's rescale (64 multiplies per thread at D = 128, right
 // ahead of the next products) and alpha's exponentials. O and l share the base, so O / l is the
 // same quotient. Taken in the plain kernels at D = 128 (the H200 A/B: S=4096 -4 %, causal -3 %,
-// S=1024 -2 %) and D = 256 (S=4096 -8 %, causal -7 to -10 %, S=1024 -4 %; session 21); at D = 64
+// S=1024 -2 %) and D = 256 (S=4096 -8 %, causal -7 to -13 %, S=1024 -4 %; session 21); at D = 64
 // the same code measured 6-10 % slower. The macro (compile time, A/B builds): 0 turns it off.
 #ifndef OPSFUSE_HOPPER_LAZY_RESCALE
 #define OPSFUSE_HOPPER_LAZY_RESCALE 1
