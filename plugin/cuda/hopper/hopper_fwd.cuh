@@ -910,6 +910,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // monotone) and the scale is folded into the exponent's FFMA.
       const float c = kV == kScoreFast ? a.scale_log2 : 1.0f;
       [[maybe_unused]] float tile_max[2];  // kLazy: each row's max of its base and this tile's scores
+      // Row hh's base moves to mx: alpha = 2^(old - new) rescales O and l (-inf: base 0).
+      auto move_base = [&](int hh, float mx) {
+        alpha[hh] = ex2(m_run[hh] - (mx == -INFINITY ? 0.0f : mx));
+        m_run[hh] = mx;
+      };
       // Row hh's exponentials against base mx (fully masked so far, -inf: base 0, exp2(-inf) = 0).
       auto exponentiate = [&](int hh, float mx) {
         const float mbase = mx == -INFINITY ? 0.0f : mx;
@@ -946,8 +951,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           tile_max[hh] = mx;
           continue;  // the exponentials below, once both rows' maxima are known
         }
-        alpha[hh] = ex2(m_run[hh] - (mx == -INFINITY ? 0.0f : mx));
-        m_run[hh] = mx;
+        move_base(hh, mx);
         exponentiate(hh, mx);
       }
       if constexpr (kLazy) {
@@ -957,13 +961,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         rescale_due = __any_sync(0xffffffffu, grew);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          if (rescale_due) {
-            const float mx = tile_max[hh];
-            alpha[hh] = ex2(m_run[hh] - (mx == -INFINITY ? 0.0f : mx));
-            m_run[hh] = mx;
-          } else {
-            alpha[hh] = 1.0f;
-          }
+          if (rescale_due) move_base(hh, tile_max[hh]);
+          else alpha[hh] = 1.0f;
           exponentiate(hh, m_run[hh]);
         }
       }
