@@ -33,6 +33,8 @@
 //   OPSFUSE_CUDA_HOPPER_WG_SPLIT=0 / 1  (A/B, tests) no warpgroup key split / one wherever the
 //                                  plain kernel takes it (hopper_wg_split()), also beyond one
 //                                  round of 64-row items.
+//   OPSFUSE_CUDA_HOPPER_CHAIN=0    (A/B, tests) no item chaining: persistent plain launches take
+//                                  the kernel that runs each item's key loop on its own.
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -65,6 +67,7 @@ using detail::Switches;
 
 thread_local std::string g_last_error;
 thread_local int g_last_kind = -1;  // KernelKind of this thread's last kernel launch (test hook)
+thread_local int g_last_hopper_mode = -1;  // hopper::Mode of its last Hopper prefill launch (test hook)
 
 Status fail(Status s, const std::string& msg) {
   g_last_error = msg;
@@ -139,8 +142,8 @@ Switches read_switches() {
   static constexpr const char* kNames[] = {
       "DISABLE_HOPPER",    "FORCE_HOPPER",       "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
-      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT",     "DECODE_SPLITS",
-      "DECODE_NO_CLUSTER",
+      "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT",     "HOPPER_CHAIN",
+      "DECODE_SPLITS",     "DECODE_NO_CLUSTER",
       "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
                 "one name per Switch, in its order");
@@ -524,6 +527,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   plan.mask_classes = !sw.is(Switch::kHopperMaskClasses, '0');
   plan.mask_pairs = !sw.is(Switch::kHopperMaskPairs, '0');
   plan.tma_store = !sw.is(Switch::kHopperTmaStore, '0');
+  plan.chain = !sw.is(Switch::kHopperChain, '0');
   if (const char* promo = sw.get(Switch::kDecodeL2Promotion)) plan.l2_promotion = std::atoi(promo);
   plan.evict_first = !sw.is(Switch::kDecodeEvictFirst, '0');
   return plan;
@@ -933,6 +937,8 @@ const char* last_error_message() { return g_last_error.c_str(); }
 
 namespace detail {
 int last_launch_kind() { return g_last_kind; }
+int last_hopper_mode() { return g_last_hopper_mode; }
+void record_hopper_mode(int mode) { g_last_hopper_mode = mode; }
 }  // namespace detail
 
 }  // namespace opsfuse::cuda

@@ -94,6 +94,7 @@ enum class Switch : int {
   kHopperSchedHeads,    // OPSFUSE_CUDA_HOPPER_SCHED_HEADS
   kHopperStreamK,       // OPSFUSE_CUDA_HOPPER_STREAM_K
   kHopperWgSplit,       // OPSFUSE_CUDA_HOPPER_WG_SPLIT
+  kHopperChain,         // OPSFUSE_CUDA_HOPPER_CHAIN
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -118,6 +119,10 @@ enum class KernelKind : int { kTensorCore = 0, kTensorCoreDecode = 1, kFloat32 =
 
 // Test hook (attention_cuda.cu): the KernelKind of the calling thread's last launched kernel, -1 if none.
 int last_launch_kind();
+// Test hook: the hopper::Mode (hopper_fwd.cuh) of the calling thread's last Hopper prefill launch,
+// -1 if none; launch_hopper records it.
+int last_hopper_mode();
+void record_hopper_mode(int mode);
 
 struct Plan {
   KernelKind kind = KernelKind::kTensorCore;
@@ -149,6 +154,7 @@ struct Plan {
   bool mask_classes = true;    // kHopper: padding-mask tile classes
   bool mask_pairs = true;      // kHopper: masks read as aligned column pairs where the layout allows
   bool tma_store = true;       // kHopper: the output through shared memory and TMA stores (D <= 128)
+  bool chain = true;           // kHopper: item chaining where launch_hopper can take it (kPlainChain)
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
   bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };

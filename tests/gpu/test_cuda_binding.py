@@ -360,6 +360,40 @@ def test_warpgroup_key_split(dtype, case, monkeypatch):
             f"the warpgroup key split changed no bit: did it run? (seed {seed})"
 
 
+CHAIN_CASES = {
+    # name: (b, hq, hkv, sq, sk, d, dv), attrs; persistent plain grids of more row tiles than an
+    # H100 / H200 has SMs (132), without a tail split or stream-K: item chaining (kPlainChain)
+    "gqa3_1025x1000": ((2, 12, 4, 1025, 1000, 128, 128), {}),  # 216 items of 8 tiles, the last partial
+    "one_tile_items": ((5, 10, 5, 770, 100, 128, 128), {}),  # 350 items of one key tile
+    "causal1_snake": ((2, 12, 6, 700, 700, 128, 128), {"is_causal": 1}),  # 144 items, 1..6 tiles
+    "d80_dv96_causal2_dynamic": ((1, 16, 2, 1300, 1500, 80, 96), {"is_causal": 2}),  # 176 items
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", sorted(CHAIN_CASES))
+def test_item_chaining(dtype, case, monkeypatch):
+    """Item chaining (the Hopper kernel's kPlainChain, on by default for these persistent grids)
+    against the same launch without it (OPSFUSE_CUDA_HOPPER_CHAIN=0): the chain only moves an item's
+    first S product and its store next to the previous item's last P V product, so every row sees
+    the same arithmetic and the outputs are bitwise equal, and within the 2x rule. (That the chain
+    ran is the check driver's to assert: its chain cases fail on any other mode.)"""
+    require_cuda_module()
+    (b, hq, hkv, sq, sk, d, dv), attrs = CHAIN_CASES[case]
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    outs = {}
+    for name, value in (("chained", None), ("per_item", "0")):
+        with monkeypatch.context() as m:
+            if value is not None:
+                m.setenv("OPSFUSE_CUDA_HOPPER_CHAIN", value)
+            outs[name] = run_binding(q, k, v, **attrs)
+    np.testing.assert_array_equal(outs["chained"].view(np.uint16), outs["per_item"].view(np.uint16),
+                                  err_msg=f"chained and per-item launches differ (seed {seed})")
+    assert np.all(np.isfinite(outs["chained"].astype(np.float64))), f"non-finite output (seed {seed})"
+    assert_within_2x_torch(outs["chained"], q, k, v, None, None, None, attrs.get("is_causal", 0),
+                           what=f"item chaining {case} (seed {seed})")
+
 def test_key_lengths_clamped():
     """Values outside [0, Sk] are clamped on the device (they cannot be checked without a sync)."""
     rng, seed = fresh_rng()

@@ -89,6 +89,7 @@
 #include <cuda.h>  // CUtensorMap (types only: nothing links libcuda)
 
 #include "../kernel_common.cuh"
+#include "hopper_modes.h"
 #include "tma_ops.cuh"
 #include "wgmma_ops.inc"
 
@@ -322,24 +323,7 @@ __device__ __forceinline__ int tile_class_vote(const uint32_t (&w)[2], int n0, i
 // d[i * 4 + h * 2 + e] holds row 16 w + l / 4 + 8 h, column 8 i + 2 (l % 4) + e. The A-from-registers
 // fragment of m64n*k16 for k-step kk: a[0] = (row l/4, keys 16kk + 2(l%4) + {0,1}), a[1] = row + 8,
 // a[2] / a[3] = the same with keys + 8 -- i.e. S columns 16 kk .. 16 kk + 15 re-packed in place.
-// kMode (each a separate instantiation, so that the common path carries none of the others' registers):
-//  kPlain     no mask, no softcap.
-//  kGeneral   softcap, or a mask whose layout the pair loads below cannot read: every score goes
-//             through full_score() after the P V product it overlaps with is done.
-//  kMaskAdd / kMaskBool  a mask (additive T / bool) without softcap, read as aligned column pairs
-//             (mask_stride[3] == 1, even element offsets, rows of even length: one 32-bit load
-//             per T pair, one 16-bit load per bool pair), per thread from two row pointers
-//             computed once; a tile's loads are issued before its S wgmma is waited for, so
-//             their latency hides behind the matrix products. The values added are full_score()'s,
-//             bit for bit. A mask that is the same for every query row (mask_stride[2] == 0,
-//             padding masks) is first classified per key tile (tile_class_vote): uniform tiles
-//             skip the pair loads and the per-score mask work (kScoreFast / kScoreNone below).
-//  kPlainSplit  kPlain's scoring on items of 64 rows, whose key tiles the two consumer warpgroups
-//             split between them (warpgroup cw takes tiles t_begin + cw, + 2, ...) and merge in
-//             shared memory at the end (choose_plan's hopper_wg_split(): launches whose 64-row
-//             items fit in one round, where a block's time is its item's key loop).
-enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3, kPlainSplit = 4 };
-constexpr int kModes = 5;
+// kMode: hopper_modes.h.
 // How one key tile is scored (a compile-time variant of the loop body, so that each is one basic
 // block): kScoreFast no per-score work (raw q.k, the scale folded into the exponent; positive
 // scale, no key limit inside the tile, every key visible); kScoreLimits scale and per-key limits
@@ -361,6 +345,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kPlainSplit: both consumer warpgroups work on one item's 64 rows (the first 64 of the Q
   // buffer, whose 128-row TMA box also brings the next 64, unused), each on every other key tile.
   constexpr bool kSplitWG = kMode == kPlainSplit;
+  constexpr bool kChain = kMode == kPlainChain;
+  constexpr bool kPlainScores = kMode == kPlain || kChain;  // no mask, no softcap, 128-row items
   constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
@@ -722,19 +708,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       wk = published_work(round);
     }
-    const int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len;
-    const int t_begin = wk.t_begin, t_end = wk.t_end, n_tiles = t_end - t_begin;
+    // The item's coordinates and key tiles; kPlainChain moves them on to the block's next item
+    // inside the key loop (chain_next below), the other modes keep them for the item.
+    int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len;
+    int t_begin = wk.t_begin, t_end = wk.t_end;
+    const int n_tiles = t_end - t_begin;
     // This warpgroup's key tiles: all of the item's, or (kPlainSplit) every other one from
     // t_begin + cw, n_mine of them, the last my_last. A stage it consumes is released for both
     // warpgroups (the empty barriers count 8 consumer warps): release().
     constexpr int kStride = kSplitWG ? 2 : 1;
-    const int my_begin = kSplitWG ? t_begin + cw : t_begin;
+    int my_begin = kSplitWG ? t_begin + cw : t_begin;
     const int n_mine = kSplitWG ? max(0, (t_end - my_begin + 1) / 2) : n_tiles;
-    const int my_last = kSplitWG ? my_begin + 2 * (n_mine - 1) : t_end - 1;
+    int my_last = kSplitWG ? my_begin + 2 * (n_mine - 1) : t_end - 1;
     auto release = [](uint32_t bar) { mbar_arrive_n<kStride>(bar); };
-    const int ring0 = kv_base - t_begin;  // ring position of key tile `it` is ring0 + it
-    const KeyRange kr = wk.kr;
-    const int rbase = row0 + (kSplitWG ? 0 : cw * 64) + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
+    int ring0 = kv_base - t_begin;  // ring position of key tile `it` is ring0 + it
+    KeyRange kr = wk.kr;
+    int rbase = row0 + (kSplitWG ? 0 : cw * 64) + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
 
     // Per-row contract data (two rows per thread, hh = 0 / 1). Only the key limits stay in registers
     // through the loop; the rest is recomputed where needed (registers are the limit here).
@@ -750,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       r.mask_off = b * a.mask_stride[0] + h * a.mask_stride[1] + r.pos * a.mask_stride[2];
       return r;
     };
-    const int key_limit[2] = {row_info(0).key_limit, row_info(1).key_limit};
+    int key_limit[2] = {row_info(0).key_limit, row_info(1).key_limit};
     constexpr bool kElementwise = kMode == kGeneral;  // scores through full_score()
     constexpr bool kPairMask = kMode == kMaskAdd || kMode == kMaskBool;
     constexpr bool elementwise = kElementwise;
@@ -762,7 +751,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float alpha[2] = {1.0f, 1.0f};
     // kLazyRescale at D >= 128 in the plain kernels only: in the others (first tile inside the key
     // loop) the conditional rescale made ptxas serialize every wgmma (C7515).
-    constexpr bool kLazy = kLazyRescale && kD >= 128 && (kMode == kPlain || kSplitWG);
+    constexpr bool kLazy = kLazyRescale && kD >= 128 && (kPlainScores || kSplitWG);
     bool rescale_due = false;  // kLazy: this warp's alpha is not 1 (warp-uniform)
     float s[kBN / 2];
 #pragma unroll
@@ -771,14 +760,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     PFrag p;  // P as the A operand of O += P V
 
     // This warpgroup's 64 rows in each region of the round's Q buffer.
-    const uint32_t q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + (kSplitWG ? 0 : cw * 64 * 128);
+    uint32_t q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + (kSplitWG ? 0 : cw * 64 * 128);
     // Operand descriptors. D >= 128: one smem_desc() per item (Q) or tile (K, V), desc_plus() per
     // k-step (ptxas recomputed smem_desc()'s and / shift / or chain per k-step, between the turn
     // barrier and the HGMMAs; session 12's same-call A/B: prefill D = 128 S=1024 1.5 % and causal
     // 1 % faster, S=4096 level). D = 64 keeps smem_desc() per k-step (the A/B: level, the seed
     // shapes 0-3 % slower with desc_plus()); q_desc, k_desc and v_desc serve D >= 128 only (at
     // D = 64 they are unused and compiled away).
-    const uint64_t q_desc = smem_desc(q_off, 16, 1024);
+    uint64_t q_desc = smem_desc(q_off, 16, 1024);
     auto issue_qk = [&](int stage) {
       const uint32_t kb = sK + stage * Cfg::kKVBytes;
       const uint64_t k_desc = smem_desc(kb, 16, 1024);
@@ -1013,6 +1002,48 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     auto rescale_o = [&]() { rescale_o_by(alpha); };
+    // The item at (row0_, h_, b_) through shared memory and TMA stores (Config::kOStage with
+    // tma_store): O / l, l the quad's sum of the threads' row sums lp (l = 0, a fully masked row:
+    // 0). Each warpgroup writes its 64 rows into the output tile in the TMA box layout (128-byte
+    // rows, 16-byte chunk k of row r at chunk k ^ (r % 8): the swizzle, which also spreads a warp's
+    // 8 rows over all 32 banks), then one thread stores each 64-column region with TMA (rows >= Sq
+    // and columns >= Dv are clipped by the tensor map). Named barrier 4 + cw; the previous item's
+    // stores must have read the buffer first.
+    // A row's sum over the quad's four lanes (every lane takes part), and its inverse.
+    auto quad_sum = [](float l) {
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      return l;
+    };
+    auto inverse = [](float l) { return l > 0.0f ? rcp_approx(l) : 0.0f; };
+    auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
+      const uint32_t so = sO + cw * 64 * 128;
+      auto wg_sync = [&]() {  // immediates: a register barrier id would make ptxas reserve all 16
+        if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+        else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+      };
+      if (t == 0) bulk_wait_read();
+      wg_sync();
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float inv = inverse(quad_sum(lp[hh]));
+        const int r = warp * 16 + lane / 4 + hh * 8;
+#pragma unroll
+        for (int i = 0; i < kD / 8; ++i) {
+          const uint32_t addr = so + (i / 8) * (kBM * 128) + r * 128 + (((i % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr),
+                       "r"(pack2<T>(o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv))
+                       : "memory");
+        }
+      }
+      fence_proxy_async_smem();
+      wg_sync();
+      if (t == 0) {
+#pragma unroll
+        for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
+        bulk_commit();
+      }
+    };
 
     // Pingpong (`pingpong` != 0, FlashAttention-3's inter-warpgroup schedule): the two consumer
     // warpgroups take turns issuing their wgmma batches -- named barrier 2 + cw is "my turn", passed
@@ -1062,7 +1093,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Calls f(ScoringV<V>{}) with tile it's scoring variant (cls: its class).
     auto with_scoring = [&](int it, int cls, auto&& f) {
-      if constexpr (kMode == kPlain || kSplitWG) {
+      if constexpr (kPlainScores || kSplitWG) {
         if (is_boundary(it)) f(ScoringV<kScoreLimits>{});
         else f(ScoringV<kScoreFast>{});
       } else if constexpr (kMode == kGeneral) {
@@ -1085,7 +1116,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // D = 64, B=8 H=12 S=512, µs alone / between the GEMMs): additive zeros mask 25.3 / 33.8 ->
     // 24.1 / 30.0, padded 28.4 / 39.4 -> 27.4 / 32.0 (with the prefix tiles above); the plain kernel
     // in the loop: 21.7 / 26.7 -> 22.0 / 26.1 and the seed shapes 1-3 % slower, so it keeps its copy.
-    constexpr bool kFirstInLoop = kMode != kPlain && !kSplitWG;
+    constexpr bool kFirstInLoop = !kPlainScores && !kSplitWG;
     if (n_tiles > 0) class_load(t_begin);  // pair masks: voted on after the Q wait
     // Q's bias (a.q_bias, bias_fold.h): added to this warpgroup's 64 rows of the Q tile in place,
     // once per item, before any S product reads it (16-byte chunks: the swizzle moves chunks, so
@@ -1184,6 +1215,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // keeps the group count); its K/V stages are still waited for and released.
       int first_it;
       asm("mov.b32 %0, %1;\n" : "=r"(first_it) : "r"(my_begin));
+      // kPlainChain: the step takes the first tile of the block's next item (chain_next set it up),
+      // whose S product goes out with the previous item's last P V; that item's row sums
+      // (l_prev) and coordinates (prev_*) wait for its store after the P V wait.
+      [[maybe_unused]] bool chain_boundary = false;
+      [[maybe_unused]] float l_prev[2];
+      [[maybe_unused]] int prev_b = 0, prev_h = 0, prev_row0 = 0;
       auto step = [&](int it, auto variant) {
         constexpr int kV = decltype(variant)::value;
         const bool first = kFirstInLoop && it == first_it;
@@ -1220,6 +1257,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The next tile's class, before the scoring needs the registers (its loads went out at the
         // start of this step, ahead of the barrier waits and the S product).
         if (it + 1 < t_end) cls_next = class_vote(it + 1);
+        if constexpr (kChain) {
+          if (chain_boundary) {  // the new item's softmax starts afresh; the old one's sums wait
+            l_prev[0] = l_run[0];
+            l_prev[1] = l_run[1];
+            m_run[0] = m_run[1] = -INFINITY;
+            l_run[0] = l_run[1] = 0.0f;
+          }
+        }
         // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
         // leaves (P(it-1) live), so that variant waits for the product first.
         // The row sums come after the wait (the same additions, the same bits). ptxas puts the wait
@@ -1231,13 +1276,52 @@ __global__ void __launch_bounds__(kThreads, 1)
         reg_fence(o);
         reg_fence(p);
         if (lane == 0 && !first) release(bar_vempty(prev));
+        if constexpr (kChain) {
+          if (chain_boundary) {  // O is the previous item's whole output: store it, start afresh
+            store_staged(l_prev, prev_row0, prev_h, prev_b);
+#pragma unroll
+            for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+          }
+        }
         if constexpr (!kElementwise && kV != kScoreNone) row_sums();
         if constexpr (kElementwise) softmax(it, variant, std::false_type{});
         pack_into(p);
         if (first) OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
       };
-      for (int it = kFirstInLoop ? my_begin : my_begin + kStride; it < t_end; it += kStride) {
-        with_scoring(it, cls_next, [&](auto variant) { step(it, variant); });
+      if constexpr (kChain) {
+        // One sequence of steps over the block's items: when an item's tiles are done, the block's
+        // next item (if any) becomes the current one and its first tile the next step
+        // (chain_boundary), as any further tile would. (A loop over items around the tile loop,
+        // with the next item's first S issued at the inner loop's exit, made ptxas serialize every
+        // wgmma: session 8.)
+        for (int it = my_begin + 1;; ++it) {
+          if (it == t_end) {
+            const int w_next = consumer_item(round + 1);  // waits for its Q: loaded during this item
+            if (w_next >= n_work) break;  // the outer loop reads round + 1's slot again, at once
+            prev_b = b, prev_h = h, prev_row0 = row0;
+            kv_base = ring0 + t_end;
+            ++round;
+            const Work nw = published_work(round);
+            b = nw.b, h = nw.h, row0 = nw.row0, len = nw.len;
+            t_begin = nw.t_begin, t_end = nw.t_end;
+            kr = nw.kr;
+            my_begin = t_begin, my_last = t_end - 1;
+            ring0 = kv_base - t_begin;
+            rbase = row0 + cw * 64 + warp * 16 + lane / 4;
+            key_limit[0] = row_info(0).key_limit;
+            key_limit[1] = row_info(1).key_limit;
+            q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + cw * 64 * 128;
+            q_desc = smem_desc(q_off, 16, 1024);
+            it = t_begin;
+            chain_boundary = true;
+          }
+          with_scoring(it, kTileMixed, [&](auto variant) { step(it, variant); });
+          chain_boundary = false;
+        }
+      } else {
+        for (int it = kFirstInLoop ? my_begin : my_begin + kStride; it < t_end; it += kStride) {
+          with_scoring(it, cls_next, [&](auto variant) { step(it, variant); });
+        }
       }
       const int last = stage_of(my_last);
       if (!kLazy || rescale_due) rescale_o();
@@ -1426,14 +1510,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // it ~500 instructions and ~18 % of the warps' stall samples, "no instruction"). A row with a
     // visible key has l >= 1 (its max scores exp2(0)), where the approximate reciprocal is within
     // 1 ulp; full rows (Dv = the bucket, paired stores allowed) store without per-pair checks.
-    // The sum of row hh (0 / 1) over the quad's four lanes (every lane takes part), and its inverse.
-    auto row_sum = [&](int hh) {
-      float l = l_run[hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      return l;
-    };
-    auto inverse = [](float l) { return l > 0.0f ? rcp_approx(l) : 0.0f; };
+    // The sum of row hh (0 / 1) over the quad's four lanes.
+    auto row_sum = [&](int hh) { return quad_sum(l_run[hh]); };
     // V's bias (a.v_bias): O / l + b = (O + l b) / l, so it goes into the unnormalized O here and
     // both stores below stay as they are; a fully masked row (l = 0) stays 0.
     if (a.v_bias != nullptr) {
@@ -1449,37 +1527,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (Cfg::kOStage && tma_store) {
-      // Through shared memory: each warpgroup writes its 64 rows into the output tile in the TMA
-      // box layout (128-byte rows, 16-byte chunk k of row r at chunk k ^ (r % 8): the swizzle, which
-      // also spreads a warp's 8 rows over all 32 banks), then one thread stores each 64-column
-      // region with TMA (rows >= Sq and columns >= Dv are clipped by the tensor map). Named barrier
-      // 4 + cw; the previous item's stores must have read the buffer first.
-      const uint32_t so = sO + cw * 64 * 128;
-      auto wg_sync = [&]() {  // immediates: a register barrier id would make ptxas reserve all 16
-        if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
-        else asm volatile("bar.sync 5, 128;\n" ::: "memory");
-      };
-      if (t == 0) bulk_wait_read();
-      wg_sync();
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float inv = inverse(row_sum(hh));
-        const int r = warp * 16 + lane / 4 + hh * 8;
-#pragma unroll
-        for (int i = 0; i < kD / 8; ++i) {
-          const uint32_t addr = so + (i / 8) * (kBM * 128) + r * 128 + (((i % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr),
-                       "r"(pack2<T>(o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv))
-                       : "memory");
-        }
-      }
-      fence_proxy_async_smem();
-      wg_sync();
-      if (t == 0) {
-#pragma unroll
-        for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0 + cw * 64, h, b);
-        bulk_commit();
-      }
+      store_staged(l_run, row0, h, b);
       OPSFUSE_HOPPER_STAMP(6);  // the output's stores are issued
       kv_base = ring0 + t_end;
       continue;
@@ -1568,18 +1616,34 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       return cudaErrorInvalidValue;
     mode = hopper::kPlainSplit;
   }
+  const int item_rows = plan.wg_split ? 64 : hopper::kBM;
+  const int64_t blocks = static_cast<int64_t>((a.seq_q + item_rows - 1) / item_rows) * a.batch * a.heads_q;
+  // Item chaining (kPlainChain): a persistent plain launch whose blocks take several items each,
+  // in either order, unsplit, without stream-K. Every item must have a key tile (the chain's step
+  // takes each item's first: no key_lengths, causal rows that see key 0), no Q or V bias (added
+  // at an item's start and end outside the chained steps) and its output through TMA stores.
+  if (kD == 128 && mode == hopper::kPlain && plan.chain && plan.persistent > 0 && blocks > plan.persistent &&
+      plan.cluster == 1 && a.sk_count == nullptr && a.key_lengths == nullptr && a.q_bias == nullptr &&
+      a.v_bias == nullptr && tma_store && (a.causal == 0 || a.causal_offset >= 0))
+    mode = hopper::kPlainChain;
   auto kernel = [&] {
     if constexpr (kD == 256) {
       return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
                                     : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
     } else {
+      auto chain = [] {  // D = 128 only: compiled where it is taken
+        if constexpr (kD == 128) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainChain>;
+        else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
+      };
       return mode == hopper::kPlain        ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
+             : mode == hopper::kPlainChain ? chain()
              : mode == hopper::kPlainSplit ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSplit>
              : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
              : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
                                          : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
     }
   }();
+  record_hopper_mode(mode);
   cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done[mode]);
   if (err != cudaSuccess) return err;
   if (a.tile_counter != nullptr) {
@@ -1588,8 +1652,6 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     err = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
     if (err != cudaSuccess) return err;
   }
-  const int item_rows = plan.wg_split ? 64 : hopper::kBM;
-  const int64_t blocks = static_cast<int64_t>((a.seq_q + item_rows - 1) / item_rows) * a.batch * a.heads_q;
   // Persistent (plan.persistent > 0, choose_plan): that many blocks loop over the row tiles.
 #ifdef OPSFUSE_HOPPER_TRACE
   // Diagnostic builds only: a persistent grid of fewer blocks (OPSFUSE_HOPPER_TRACE_GRID), to see

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/attention_cuda.h"
+#include "cuda/hopper/hopper_modes.h"
 #include "cuda/kernel_args.h"
 #include "tool_support.h"
 
@@ -63,6 +64,8 @@ struct Case {
                      // them exactly), which the Hopper kernel adds itself and the others read as copies
   int wg_split = 0;  // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_WG_SPLIT=1 (64-row items whose key tiles
                      // the two consumer warpgroups split, also beyond one round of them)
+  int chain = 0;     // Hopper cases: 1 = the Hopper pass must have taken item chaining (kPlainChain,
+                     // as choose_plan and launch_hopper decide on 132 SMs); 0 = not checked
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -324,6 +327,7 @@ void restore_env(const char* name, const std::string& value) {
 bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hopper_expected) {
   bool ok = true;
   int kinds[2] = {-1, -1};
+  int modes[2] = {-1, -1};
   const std::string persist_env = env_value("OPSFUSE_CUDA_HOPPER_PERSISTENT");
   const std::string tail_env = env_value("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT");
   const std::string sk_env = env_value("OPSFUSE_CUDA_HOPPER_STREAM_K");
@@ -355,12 +359,18 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
     std::printf("  [%s] ", pass == 0 ? "hopper  " : "portable");
     ok = run_case(c, rng, stream) && ok;
     kinds[pass] = opsfuse::cuda::detail::last_launch_kind();
+    modes[pass] = opsfuse::cuda::detail::last_hopper_mode();
   }
   unsetenv("OPSFUSE_CUDA_DISABLE_HOPPER");
   const int hopper = static_cast<int>(opsfuse::cuda::detail::KernelKind::kHopper);
   if (kinds[1] == hopper || (hopper_expected && kinds[0] != hopper)) {
     std::printf("FAIL %-28s kernel kinds %d / %d (Hopper = %d expected on the first run only)\n", c.name, kinds[0],
                 kinds[1], hopper);
+    ok = false;
+  }
+  if (hopper_expected && c.chain && modes[0] != opsfuse::cuda::detail::hopper::kPlainChain) {
+    std::printf("FAIL %-28s Hopper mode %d, item chaining (%d) expected\n", c.name, modes[0],
+                static_cast<int>(opsfuse::cuda::detail::hopper::kPlainChain));
     ok = false;
   }
   return ok;
@@ -604,6 +614,16 @@ int main(int argc, char** argv) {
       {"hop bf16 d64 wgsplit Sq3 mqa", BF, 2, 8, 1, 3, 2000, 64, 64, 0, 0.f, N, 0, 0},
       {"hop f16 d96 wgsplit 5 tiles", H, 1, 5, 5, 200, 600, 96, 96, 0, 0.f, N, 0, 0},
       {"hop bf16 d64 wgsplit forced 528", BF, 2, 66, 11, 200, 800, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 1},
+      // Item chaining (kPlainChain: persistent plain launches at D = 128 without key_lengths or
+      // biases; the last field asks that it ran): 216 items of 8 key tiles, the last partial (Sk =
+      // 1000), Sq = 1025 (a one-row tile), GQA 3; 350 items of one key tile (every step an item's
+      // first); causal 2 with Sk > Sq (the snake, 6 row tiles per head); D = 80 / Dv = 96 causal 1
+      // in the dynamic order (11 row tiles per head); a small one for --quick (280 items of 2 tiles).
+      {"hop bf16 d128 chain gqa3 1025x1000", BF, 2, 12, 4, 1025, 1000, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 chain one-tile items", H, 5, 10, 5, 770, 100, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d128 chain causal2 gqa2", BF, 2, 12, 6, 700, 900, 128, 128, 2, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d80/96 chain dynamic causal1", H, 1, 16, 2, 1300, 1300, 80, 96, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 chain quick 280x130", H, 4, 70, 14, 128, 130, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       // D = 256 (64-key tiles; masks and softcap through the general scoring; never split, so the
       // requested key splits and tail split are ignored): odd Sk, GQA, both causal alignments,
       // key_lengths (a V tile's tail zeroed), Dv != D both ways, bool / additive / padding masks,
@@ -664,7 +684,8 @@ int main(int argc, char** argv) {
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
                                 "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64",
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
-                                "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3"};
+                                "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
+                                "hop f16 d128 chain quick 280x130"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;

@@ -1,0 +1,31 @@
+// Internal to plugin/cuda: the Hopper prefill kernel's instantiations (hopper_fwd.cuh), apart so
+// that the launcher's test hook (last_hopper_mode(), kernel_args.h) and the check driver can name
+// them without the kernel's header.
+#pragma once
+
+namespace opsfuse::cuda::detail::hopper {
+
+// kMode (each a separate instantiation, so that the common path carries none of the others' registers):
+//  kPlain     no mask, no softcap.
+//  kGeneral   softcap, or a mask whose layout the pair loads (hopper_fwd.cuh) cannot read: every
+//             score goes through full_score() after the P V product it overlaps with is done.
+//  kMaskAdd / kMaskBool  a mask (additive T / bool) without softcap, read as aligned column pairs
+//             (mask_stride[3] == 1, even element offsets, rows of even length: one 32-bit load
+//             per T pair, one 16-bit load per bool pair), per thread from two row pointers
+//             computed once; a tile's loads are issued before its S wgmma is waited for, so
+//             their latency hides behind the matrix products. The values added are full_score()'s,
+//             bit for bit. A mask that is the same for every query row (mask_stride[2] == 0,
+//             padding masks) is first classified per key tile (tile_class_vote): uniform tiles
+//             skip the pair loads and the per-score mask work (kScoreFast / kScoreNone).
+//  kPlainSplit  kPlain's scoring on items of 64 rows, whose key tiles the two consumer warpgroups
+//             split between them (warpgroup cw takes tiles t_begin + cw, + 2, ...) and merge in
+//             shared memory at the end (choose_plan's hopper_wg_split(): launches whose 64-row
+//             items fit in one round, where a block's time is its item's key loop).
+//  kPlainChain  kPlain's scoring on a persistent block's items as one sequence of key-tile steps
+//             (item chaining): the step that takes an item's first tile pairs its S product with
+//             the previous item's last P V, and stores that item after the P V wait, so that no
+//             item boundary leaves the tensor cores without a queued product (see the key loop).
+enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3, kPlainSplit = 4, kPlainChain = 5 };
+constexpr int kModes = 6;
+
+}  // namespace opsfuse::cuda::detail::hopper
