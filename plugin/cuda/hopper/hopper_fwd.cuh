@@ -709,7 +709,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wk = published_work(round);
     }
     // The item's coordinates and key tiles; kPlainChain moves them on to the block's next item
-    // inside the key loop (chain_next below), the other modes keep them for the item.
+    // inside its key loop (below), the other modes keep them for the item.
     int b = wk.b, h = wk.h, row0 = wk.row0, len = wk.len;
     int t_begin = wk.t_begin, t_end = wk.t_end;
     const int n_tiles = t_end - t_begin;
@@ -1002,13 +1002,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     auto rescale_o = [&]() { rescale_o_by(alpha); };
-    // The item at (row0_, h_, b_) through shared memory and TMA stores (Config::kOStage with
-    // tma_store): O / l, l the quad's sum of the threads' row sums lp (l = 0, a fully masked row:
-    // 0). Each warpgroup writes its 64 rows into the output tile in the TMA box layout (128-byte
-    // rows, 16-byte chunk k of row r at chunk k ^ (r % 8): the swizzle, which also spreads a warp's
-    // 8 rows over all 32 banks), then one thread stores each 64-column region with TMA (rows >= Sq
-    // and columns >= Dv are clipped by the tensor map). Named barrier 4 + cw; the previous item's
-    // stores must have read the buffer first.
     // A row's sum over the quad's four lanes (every lane takes part), and its inverse.
     auto quad_sum = [](float l) {
       l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -1016,6 +1009,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       return l;
     };
     auto inverse = [](float l) { return l > 0.0f ? rcp_approx(l) : 0.0f; };
+    // The item at (row0_, h_, b_) through shared memory and TMA stores (Config::kOStage with
+    // tma_store): O / l, l the quad's sum of the threads' row sums lp (l = 0, a fully masked row:
+    // 0). Each warpgroup writes its 64 rows into the output tile in the TMA box layout (128-byte
+    // rows, 16-byte chunk k of row r at chunk k ^ (r % 8): the swizzle, which also spreads a warp's
+    // 8 rows over all 32 banks), then one thread stores each 64-column region with TMA (rows >= Sq
+    // and columns >= Dv are clipped by the tensor map). Named barrier 4 + cw; the previous item's
+    // stores must have read the buffer first.
     auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
       const uint32_t so = sO + cw * 64 * 128;
       auto wg_sync = [&]() {  // immediates: a register barrier id would make ptxas reserve all 16
@@ -1215,8 +1215,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // keeps the group count); its K/V stages are still waited for and released.
       int first_it;
       asm("mov.b32 %0, %1;\n" : "=r"(first_it) : "r"(my_begin));
-      // kPlainChain: the step takes the first tile of the block's next item (chain_next set it up),
-      // whose S product goes out with the previous item's last P V; that item's row sums
+      // kPlainChain: the step takes the first tile of the block's next item (chain_boundary; the
+      // chained loop below set it up), whose S product goes out with the previous item's last P V; that item's row sums
       // (l_prev) and coordinates (prev_*) wait for its store after the P V wait.
       [[maybe_unused]] bool chain_boundary = false;
       [[maybe_unused]] float l_prev[2];
