@@ -362,11 +362,12 @@ def test_warpgroup_key_split(dtype, case, monkeypatch):
 
 CHAIN_CASES = {
     # name: (b, hq, hkv, sq, sk, d, dv), attrs; persistent plain grids of more row tiles than an
-    # H100 / H200 has SMs (132), without a tail split or stream-K: item chaining (kPlainChain)
-    "gqa3_1025x1000": ((2, 12, 4, 1025, 1000, 128, 128), {}),  # 216 items of 8 tiles, the last partial
-    "one_tile_items": ((5, 10, 5, 770, 100, 128, 128), {}),  # 350 items of one key tile
-    "causal1_snake": ((2, 12, 6, 700, 700, 128, 128), {"is_causal": 1}),  # 144 items, 1..6 tiles
-    "d80_dv96_causal2_dynamic": ((1, 16, 2, 1300, 1500, 80, 96), {"is_causal": 2}),  # 176 items
+    # H100 / H200 has SMs (132) over >= 2048 keys, without a tail split or stream-K: item chaining
+    # (kPlainChain)
+    "gqa3_1025x2100": ((2, 12, 4, 1025, 2100, 128, 128), {}),  # 216 items of 17 tiles, the last partial
+    "sq100_mqa": ((3, 96, 1, 100, 2048, 128, 128), {}),  # 288 items of 100 rows
+    "causal1_dynamic": ((1, 10, 5, 2100, 2100, 128, 128), {"is_causal": 1}),  # 170 items, 1..17 tiles
+    "d80_dv96_causal2_snake": ((2, 12, 6, 700, 2100, 80, 96), {"is_causal": 2}),  # 144 items
 }
 
 

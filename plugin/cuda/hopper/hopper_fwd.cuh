@@ -522,9 +522,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     slot[1] = make_int4(wk.t_begin, wk.t_end, wk.kr.all_visible, 0);
   };
   // (Plain loads: the wait before them is an asm with a memory clobber, which they cannot cross.)
+  // Consumers read a round's slots (this Work, its item) in lane 0 of each warp and broadcast
+  // them: a slot is rewritten for round r + kQBuffers once round r's Q is released, an arrive by
+  // lane 0 of every consumer warp, after which lane 0's own read is ordered by program order. (Reads
+  // by every lane were ordered before that arrive only through __syncwarp(): correct under the PTX
+  // memory model, but compute-sanitizer's racecheck reported them as WAR hazards once a --quick
+  // case reused a slot, session 22.)
+  auto lane0_broadcast = [](int v) { return __shfl_sync(0xffffffffu, v, 0); };
   auto published_work = [&](int r) {
     const int4* const slot = work_slot[r % kQBuffers];
-    const int4 x = slot[0], y = slot[1];
+    int4 x = make_int4(0, 0, 0, 0), y = x;
+    if ((threadIdx.x & 31u) == 0) x = slot[0], y = slot[1];
+    x = make_int4(lane0_broadcast(x.x), lane0_broadcast(x.y), lane0_broadcast(x.z), lane0_broadcast(x.w));
+    y = make_int4(lane0_broadcast(y.x), lane0_broadcast(y.y), lane0_broadcast(y.z), 0);
     Work wk;
     wk.b = x.x, wk.h = x.y, wk.row0 = x.z, wk.len = x.w;
     wk.t_begin = y.x, wk.t_end = y.y, wk.kr.all_visible = y.z;
@@ -692,7 +702,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto consumer_item = [&](int r) {
     if (r == 0 && !dynamic_order()) return item_of(0);
     mbar_wait(bar_q(r), q_parity(r));
-    return *reinterpret_cast<volatile int*>(&item_slot[r % kQBuffers]);
+    int w = 0;
+    if ((threadIdx.x & 31u) == 0) w = *reinterpret_cast<volatile int*>(&item_slot[r % kQBuffers]);
+    return lane0_broadcast(w);  // see published_work
   };
   for (int w = consumer_item(0); w < n_work; w = consumer_item(++round)) {
     OPSFUSE_HOPPER_STAMP(0);  // the item's start
@@ -1218,10 +1230,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // kPlainChain: the step takes the first tile of the block's next item (chain_boundary; the
       // chained loop below set it up), whose S product goes out with the previous item's last P V; that item's row sums
       // (l_prev) and coordinates (prev_*) wait for its store after the P V wait.
-      [[maybe_unused]] bool chain_boundary = false;
       [[maybe_unused]] float l_prev[2];
       [[maybe_unused]] int prev_b = 0, prev_h = 0, prev_row0 = 0;
-      auto step = [&](int it, auto variant) {
+      auto step = [&](int it, auto variant, auto chain_boundary) {
         constexpr int kV = decltype(variant)::value;
         const bool first = kFirstInLoop && it == first_it;
         const int st = stage_of(it), prev = stage_of(it - kStride);  // prev: this warpgroup's previous tile
@@ -1257,8 +1268,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The next tile's class, before the scoring needs the registers (its loads went out at the
         // start of this step, ahead of the barrier waits and the S product).
         if (it + 1 < t_end) cls_next = class_vote(it + 1);
-        if constexpr (kChain) {
-          if (chain_boundary) {  // the new item's softmax starts afresh; the old one's sums wait
+        if constexpr (decltype(chain_boundary)::value) {  // the new item's softmax starts afresh; the old one's sums wait
+          {
             l_prev[0] = l_run[0];
             l_prev[1] = l_run[1];
             m_run[0] = m_run[1] = -INFINITY;
@@ -1276,8 +1287,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         reg_fence(o);
         reg_fence(p);
         if (lane == 0 && !first) release(bar_vempty(prev));
-        if constexpr (kChain) {
-          if (chain_boundary) {  // O is the previous item's whole output: store it, start afresh
+        if constexpr (decltype(chain_boundary)::value) {  // O is the previous item's whole output: store it, start afresh
+          {
             store_staged(l_prev, prev_row0, prev_h, prev_b);
 #pragma unroll
             for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
@@ -1313,14 +1324,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + cw * 64 * 128;
             q_desc = smem_desc(q_off, 16, 1024);
             it = t_begin;
-            chain_boundary = true;
+            with_scoring(it, kTileMixed, [&](auto variant) { step(it, variant, std::true_type{}); });
+            continue;
           }
-          with_scoring(it, kTileMixed, [&](auto variant) { step(it, variant); });
-          chain_boundary = false;
+          with_scoring(it, kTileMixed, [&](auto variant) { step(it, variant, std::false_type{}); });
         }
       } else {
         for (int it = kFirstInLoop ? my_begin : my_begin + kStride; it < t_end; it += kStride) {
-          with_scoring(it, cls_next, [&](auto variant) { step(it, variant); });
+          with_scoring(it, cls_next, [&](auto variant) { step(it, variant, std::false_type{}); });
         }
       }
       const int last = stage_of(my_last);
@@ -1622,7 +1633,12 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // in either order, unsplit, without stream-K. Every item must have a key tile (the chain's step
   // takes each item's first: no key_lengths, causal rows that see key 0), no Q or V bias (added
   // at an item's start and end outside the chained steps) and its output through TMA stores.
+  // Taken where the keys span >= kChainMinTiles key tiles: the H200's same-process A/B (session
+  // 22, B=8 H=16 D=128 bf16) measured S=4096 -0.7 to -1.1 %, causal -1.2 to -1.9 %, causal S=16384
+  // -1.7 %, but S=1024 (8-tile items) +0.6 to +1.0 % and causal S=1024 +1 %.
+  constexpr int kChainMinTiles = 16;
   if (kD == 128 && mode == hopper::kPlain && plan.chain && plan.persistent > 0 && blocks > plan.persistent &&
+      a.seq_k >= kChainMinTiles * Cfg::kBN &&
       plan.cluster == 1 && a.sk_count == nullptr && a.key_lengths == nullptr && a.q_bias == nullptr &&
       a.v_bias == nullptr && tma_store && (a.causal == 0 || a.causal_offset >= 0))
     mode = hopper::kPlainChain;

@@ -614,16 +614,17 @@ int main(int argc, char** argv) {
       {"hop bf16 d64 wgsplit Sq3 mqa", BF, 2, 8, 1, 3, 2000, 64, 64, 0, 0.f, N, 0, 0},
       {"hop f16 d96 wgsplit 5 tiles", H, 1, 5, 5, 200, 600, 96, 96, 0, 0.f, N, 0, 0},
       {"hop bf16 d64 wgsplit forced 528", BF, 2, 66, 11, 200, 800, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 1},
-      // Item chaining (kPlainChain: persistent plain launches at D = 128 without key_lengths or
-      // biases; the last field asks that it ran): 216 items of 8 key tiles, the last partial (Sk =
-      // 1000), Sq = 1025 (a one-row tile), GQA 3; 350 items of one key tile (every step an item's
-      // first); causal 2 with Sk > Sq (the snake, 6 row tiles per head); D = 80 / Dv = 96 causal 1
-      // in the dynamic order (11 row tiles per head); a small one for --quick (280 items of 2 tiles).
-      {"hop bf16 d128 chain gqa3 1025x1000", BF, 2, 12, 4, 1025, 1000, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-      {"hop f16 d128 chain one-tile items", H, 5, 10, 5, 770, 100, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-      {"hop bf16 d128 chain causal2 gqa2", BF, 2, 12, 6, 700, 900, 128, 128, 2, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-      {"hop f16 d80/96 chain dynamic causal1", H, 1, 16, 2, 1300, 1300, 80, 96, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-      {"hop f16 d128 chain quick 280x130", H, 4, 70, 14, 128, 130, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      // Item chaining (kPlainChain: persistent plain launches at D = 128 with >= 2048 keys, without
+      // key_lengths or biases; the last field asks that it ran): 216 items of 17 key tiles, the last
+      // partial (Sk = 2100), Sq = 1025 (a one-row tile), GQA 3; 288 items of 100 rows, MQA; causal 1
+      // in the dynamic order (17 row tiles per head: items of 1 to 17 key tiles); causal 2 with
+      // Sk > Sq (the snake, 6 row tiles per head), D = 80 / Dv = 96; a small one for --quick (270
+      // items of 64 rows: blocks of three items, Q slots reused).
+      {"hop bf16 d128 chain gqa3 1025x2100", BF, 2, 12, 4, 1025, 2100, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 chain Sq100 mqa", H, 3, 96, 1, 100, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d128 chain dynamic causal1", BF, 1, 10, 5, 2100, 2100, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d80/96 chain causal2 gqa2", H, 2, 12, 6, 700, 2100, 80, 96, 2, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 chain quick 270x2048", H, 2, 135, 15, 64, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       // D = 256 (64-key tiles; masks and softcap through the general scoring; never split, so the
       // requested key splits and tail split are ignored): odd Sk, GQA, both causal alignments,
       // key_lengths (a V tile's tail zeroed), Dv != D both ways, bool / additive / padding masks,
@@ -685,7 +686,7 @@ int main(int argc, char** argv) {
                                 "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64",
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
-                                "hop f16 d128 chain quick 280x130"};
+                                "hop f16 d128 chain quick 270x2048"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
