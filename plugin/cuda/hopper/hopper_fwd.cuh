@@ -62,6 +62,10 @@
 //    in equal contiguous ranges, so that no block idles through a partial last round; an item cut
 //    between two blocks is merged by whichever part finishes second, through the workspace (see
 //    item_of and the stream-K exchange after the key loop).
+//  - Item chaining (kPlainChain, launch_hopper: persistent plain launches at D = 128 over >= 16 key
+//    tiles): a block's items are one loop of key-tile steps; an item's first step issues its S
+//    product beside the previous item's last P V and stores that item after the P V wait (its own
+//    compile-time copy of the step, so that the steady step carries none of it).
 //
 // Why raw PTX (inline asm) and not CUTLASS/CuTe: the kernel needs ~10 instructions (wgmma
 // fence/commit/wait/mma_async, cp.async.bulk.tensor, mbarrier init/arrive/expect_tx/try_wait,
