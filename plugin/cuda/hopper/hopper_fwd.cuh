@@ -739,7 +739,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto release = [](uint32_t bar) { mbar_arrive_n<kStride>(bar); };
     int ring0 = kv_base - t_begin;  // ring position of key tile `it` is ring0 + it
     KeyRange kr = wk.kr;
-    int rbase = row0 + (kSplitWG ? 0 : cw * 64) + warp * 16 + lane / 4;  // rows rbase (h = 0) and rbase + 8 (h = 1)
+    // This thread's rows of the item at row0_: rbase (h = 0) and rbase + 8 (h = 1).
+    auto rows_base = [&](int row0_) { return row0_ + (kSplitWG ? 0 : cw * 64) + warp * 16 + lane / 4; };
+    int rbase = rows_base(row0);
 
     // Per-row contract data (two rows per thread, hh = 0 / 1). Only the key limits stay in registers
     // through the loop; the rest is recomputed where needed (registers are the limit here).
@@ -775,8 +777,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     using PFrag = uint32_t[kBN / 16][4];
     PFrag p;  // P as the A operand of O += P V
 
-    // This warpgroup's 64 rows in each region of the round's Q buffer.
-    uint32_t q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + (kSplitWG ? 0 : cw * 64 * 128);
+    // This warpgroup's 64 rows in each region of round r's Q buffer.
+    auto q_tile_of = [&](int r) { return sQ + (r % kQBuffers) * Cfg::kQBytes + (kSplitWG ? 0 : cw * 64 * 128); };
+    uint32_t q_off = q_tile_of(round);
     // Operand descriptors. D >= 128: one smem_desc() per item (Q) or tile (K, V), desc_plus() per
     // k-step (ptxas recomputed smem_desc()'s and / shift / or chain per k-step, between the turn
     // barrier and the HGMMAs; session 12's same-call A/B: prefill D = 128 S=1024 1.5 % and causal
@@ -1232,8 +1235,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       int first_it;
       asm("mov.b32 %0, %1;\n" : "=r"(first_it) : "r"(my_begin));
       // kPlainChain: the step takes the first tile of the block's next item (chain_boundary; the
-      // chained loop below set it up), whose S product goes out with the previous item's last P V; that item's row sums
-      // (l_prev) and coordinates (prev_*) wait for its store after the P V wait.
+      // chained loop below set it up), whose S product goes out with the previous item's last P V;
+      // that item's row sums (l_prev) and coordinates (prev_*) wait for its store after the P V wait.
       [[maybe_unused]] float l_prev[2];
       [[maybe_unused]] int prev_b = 0, prev_h = 0, prev_row0 = 0;
       auto step = [&](int it, auto variant, auto chain_boundary) {
@@ -1272,13 +1275,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The next tile's class, before the scoring needs the registers (its loads went out at the
         // start of this step, ahead of the barrier waits and the S product).
         if (it + 1 < t_end) cls_next = class_vote(it + 1);
-        if constexpr (decltype(chain_boundary)::value) {  // the new item's softmax starts afresh; the old one's sums wait
-          {
-            l_prev[0] = l_run[0];
-            l_prev[1] = l_run[1];
-            m_run[0] = m_run[1] = -INFINITY;
-            l_run[0] = l_run[1] = 0.0f;
-          }
+        if constexpr (decltype(chain_boundary)::value) {
+          // The new item's softmax starts afresh; the old one's sums wait for its store.
+          l_prev[0] = l_run[0];
+          l_prev[1] = l_run[1];
+          m_run[0] = m_run[1] = -INFINITY;
+          l_run[0] = l_run[1] = 0.0f;
         }
         // Masks / softcap: the scoring needs more registers than an overlap with P(it-1) V(it-1)
         // leaves (P(it-1) live), so that variant waits for the product first.
@@ -1291,12 +1293,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         reg_fence(o);
         reg_fence(p);
         if (lane == 0 && !first) release(bar_vempty(prev));
-        if constexpr (decltype(chain_boundary)::value) {  // O is the previous item's whole output: store it, start afresh
-          {
-            store_staged(l_prev, prev_row0, prev_h, prev_b);
+        if constexpr (decltype(chain_boundary)::value) {
+          // O is the previous item's whole output: store it, start afresh.
+          store_staged(l_prev, prev_row0, prev_h, prev_b);
 #pragma unroll
-            for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
-          }
+          for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
         }
         if constexpr (!kElementwise && kV != kScoreNone) row_sums();
         if constexpr (kElementwise) softmax(it, variant, std::false_type{});
@@ -1322,10 +1323,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             kr = nw.kr;
             my_begin = t_begin, my_last = t_end - 1;
             ring0 = kv_base - t_begin;
-            rbase = row0 + cw * 64 + warp * 16 + lane / 4;
+            rbase = rows_base(row0);
             key_limit[0] = row_info(0).key_limit;
             key_limit[1] = row_info(1).key_limit;
-            q_off = sQ + (round % kQBuffers) * Cfg::kQBytes + cw * 64 * 128;
+            q_off = q_tile_of(round);
             q_desc = smem_desc(q_off, 16, 1024);
             it = t_begin;
             with_scoring(it, kTileMixed, [&](auto variant) { step(it, variant, std::true_type{}); });
