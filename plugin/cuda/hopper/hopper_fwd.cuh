@@ -84,10 +84,6 @@
 //    k-step kk (16 keys) starts at kk * 16 * 128 bytes.
 #pragma once
 
-#ifndef OPSFUSE_HOPPER_SLOT_ALL_LANES
-#define OPSFUSE_HOPPER_SLOT_ALL_LANES 0
-#endif
-
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
@@ -539,14 +535,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto lane0_broadcast = [](int v) { return __shfl_sync(0xffffffffu, v, 0); };
   auto published_work = [&](int r) {
     const int4* const slot = work_slot[r % kQBuffers];
-#if OPSFUSE_HOPPER_SLOT_ALL_LANES  // temporary A/B knob (session 23)
-    const int4 x = slot[0], y = slot[1];
-#else
     int4 x = make_int4(0, 0, 0, 0), y = x;
     if ((threadIdx.x & 31u) == 0) x = slot[0], y = slot[1];
     x = make_int4(lane0_broadcast(x.x), lane0_broadcast(x.y), lane0_broadcast(x.z), lane0_broadcast(x.w));
     y = make_int4(lane0_broadcast(y.x), lane0_broadcast(y.y), lane0_broadcast(y.z), 0);
-#endif
     Work wk;
     wk.b = x.x, wk.h = x.y, wk.row0 = x.z, wk.len = x.w;
     wk.t_begin = y.x, wk.t_end = y.y, wk.kr.all_visible = y.z;
@@ -714,13 +706,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto consumer_item = [&](int r) {
     if (r == 0 && !dynamic_order()) return item_of(0);
     mbar_wait(bar_q(r), q_parity(r));
-#if OPSFUSE_HOPPER_SLOT_ALL_LANES  // temporary A/B knob (session 23)
-    return *reinterpret_cast<volatile int*>(&item_slot[r % kQBuffers]);
-#else
     int w = 0;
     if ((threadIdx.x & 31u) == 0) w = *reinterpret_cast<volatile int*>(&item_slot[r % kQBuffers]);
     return lane0_broadcast(w);  // see published_work
-#endif
   };
   for (int w = consumer_item(0); w < n_work; w = consumer_item(++round)) {
     OPSFUSE_HOPPER_STAMP(0);  // the item's start
