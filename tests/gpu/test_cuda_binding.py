@@ -395,6 +395,7 @@ def test_item_chaining(dtype, case, monkeypatch):
     assert_within_2x_torch(outs["chained"], q, k, v, None, None, None, attrs.get("is_causal", 0),
                            what=f"item chaining {case} (seed {seed})")
 
+
 def test_key_lengths_clamped():
     """Values outside [0, Sk] are clamped on the device (they cannot be checked without a sync)."""
     rng, seed = fresh_rng()
