@@ -5,6 +5,8 @@
 #
 # usage: scripts/ncu_source.sh OUT KERNEL_REGEX [profile_kernels.py arguments]
 #   e.g. scripts/ncu_source.sh /tmp/mask_add0 hopper_fwd --shape 8,12,512,64 --mask add0
+#   NCU_METRICS  extra --metrics (comma-separated names, or regex:...), e.g. the pipes' utilization:
+#                "regex:^sm__(inst_executed_pipe_|pipe_).*avg.pct_of_peak_sustained_active$"
 set -euo pipefail
 out=$1 regex=$2
 shift 2
@@ -14,6 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # --clock-control none: the card's clocks as they are (the default locks them at base clock).
 "$ncu_bin" -f -k "regex:$regex" --launch-skip 2 --launch-count 1 --clock-control none --section SpeedOfLight \
   --section WarpStateStats --section InstructionStats --section SchedulerStats --section SourceCounters \
+  --section ComputeWorkloadAnalysis ${NCU_METRICS:+--metrics "$NCU_METRICS"} \
   -o "$out" python3 "$here/profile_kernels.py" "$@" > "$out.log" 2>&1
 "$ncu_bin" -i "$out.ncu-rep" --page details > "$out.details.txt"
 "$ncu_bin" -i "$out.ncu-rep" --page source --csv --print-source sass > "$out.source.csv"
