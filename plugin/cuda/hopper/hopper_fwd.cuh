@@ -113,6 +113,11 @@ namespace hopper {
 #endif
 constexpr bool kLazyRescale = OPSFUSE_HOPPER_LAZY_RESCALE != 0;
 constexpr float kRescaleSlack = 8.0f;
+// A/B knob (session 24, temporary): the pingpong's turn around the steady step's softmax instead of
+// its product issue (1: the plain kernel at D = 64; 2: at D = 64 and 128).
+#ifndef OPSFUSE_HOPPER_SOFTMAX_TURN
+#define OPSFUSE_HOPPER_SOFTMAX_TURN 0
+#endif
 
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
@@ -772,6 +777,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // kLazyRescale at D >= 128 in the plain kernels only: in the others (first tile inside the key
     // loop) the conditional rescale made ptxas serialize every wgmma (C7515).
     constexpr bool kLazy = kLazyRescale && kD >= 128 && (kPlainScores || kSplitWG);
+    constexpr bool kSoftmaxTurn = kMode == kPlain && (kD == 64 ? OPSFUSE_HOPPER_SOFTMAX_TURN >= 1
+                                                                 : kD == 128 && OPSFUSE_HOPPER_SOFTMAX_TURN >= 2);
     bool rescale_due = false;  // kLazy: this warp's alpha is not 1 (warp-uniform)
     float s[kBN / 2];
 #pragma unroll
@@ -1253,7 +1260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         if (first) OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
         if (!first) zero_v_tail(prev, it - kStride);
-        OPSFUSE_HOPPER_TIMED(2, turn_wait());
+        if constexpr (!kSoftmaxTurn) OPSFUSE_HOPPER_TIMED(2, turn_wait());
         if (first) OPSFUSE_HOPPER_STAMP(3);  // this warpgroup's turn: the first S product issues
         // Each branch fences and issues its own products: a wgmma that a branch separates from its
         // fence gets another fence from ptxas (warning C7519).
@@ -1269,7 +1276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           issue_pv(prev, p);
           wgmma_commit();
         }
-        turn_pass(false);
+        if constexpr (!kSoftmaxTurn) turn_pass(false);
         OPSFUSE_HOPPER_TIMED(3, wgmma_wait<1>());  // S(it) done; P(it-1) V(it-1) may still run
         reg_fence(s);
         if (lane == 0) release(bar_kempty(st));
@@ -1290,7 +1297,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         // after ~7 of the 64 exponentials either way; with the sums ahead of it, it gave them
         // registers of P and interleaved them with the exponentials (session 13's A/B: 1-3 %
         // faster at D = 64 and at S=1024 D = 128 with them after the wait).
+        if constexpr (kSoftmaxTurn) OPSFUSE_HOPPER_TIMED(2, turn_wait());
         if constexpr (!kElementwise) softmax(it, variant, std::true_type{});
+        if constexpr (kSoftmaxTurn) turn_pass(false);
         OPSFUSE_HOPPER_TIMED(4, wgmma_wait<0>());  // P(it-1) V(it-1) done: O and the P registers are free again
         reg_fence(o);
         reg_fence(p);
