@@ -113,11 +113,6 @@ namespace hopper {
 #endif
 constexpr bool kLazyRescale = OPSFUSE_HOPPER_LAZY_RESCALE != 0;
 constexpr float kRescaleSlack = 8.0f;
-// A/B knob (session 24, temporary): the plain kernel at D = 64 issues S(it + 1) into a second S
-// buffer before the softmax of tile it, so that its latency hides behind that softmax.
-#ifndef OPSFUSE_HOPPER_S_LOOKAHEAD
-#define OPSFUSE_HOPPER_S_LOOKAHEAD 0
-#endif
 
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
@@ -777,13 +772,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // kLazyRescale at D >= 128 in the plain kernels only: in the others (first tile inside the key
     // loop) the conditional rescale made ptxas serialize every wgmma (C7515).
     constexpr bool kLazy = kLazyRescale && kD >= 128 && (kPlainScores || kSplitWG);
-    constexpr bool kLookahead = OPSFUSE_HOPPER_S_LOOKAHEAD != 0 && kMode == kPlain && kD == 64;
     bool rescale_due = false;  // kLazy: this warp's alpha is not 1 (warp-uniform)
-    using SFrag = float[kBN / 2];  // a thread's scores of one tile
-    SFrag s;
+    float s[kBN / 2];
 #pragma unroll
     for (int i = 0; i < kBN / 2; ++i) s[i] = 0.0f;
-    [[maybe_unused]] SFrag s2;  // kLookahead: the other S buffer (tiles alternate)
     using PFrag = uint32_t[kBN / 16][4];
     PFrag p;  // P as the A operand of O += P V
 
@@ -797,23 +789,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     // shapes 0-3 % slower with desc_plus()); q_desc, k_desc and v_desc serve D >= 128 only (at
     // D = 64 they are unused and compiled away).
     uint64_t q_desc = smem_desc(q_off, 16, 1024);
-    auto issue_qk_to = [&](int stage, SFrag& sb) {
+    auto issue_qk = [&](int stage) {
       const uint32_t kb = sK + stage * Cfg::kKVBytes;
       const uint64_t k_desc = smem_desc(kb, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const uint32_t col = (kk % 4) * 32;
         if constexpr (kD >= 128) {
-          mma_qk<T, kBN>(sb, desc_plus(q_desc, (kk / 4) * (kBM * 128) + col),
+          mma_qk<T, kBN>(s, desc_plus(q_desc, (kk / 4) * (kBM * 128) + col),
                          desc_plus(k_desc, (kk / 4) * (kBN * 128) + col), kk == 0 ? 0u : 1u);
         } else {
           const uint64_t da = smem_desc(q_off + (kk / 4) * (kBM * 128) + col, 16, 1024);
           const uint64_t db = smem_desc(kb + (kk / 4) * (kBN * 128) + col, 16, 1024);
-          mma_qk<T, kBN>(sb, da, db, kk == 0 ? 0u : 1u);
+          mma_qk<T, kBN>(s, da, db, kk == 0 ? 0u : 1u);
         }
       }
     };
-    auto issue_qk = [&](int stage) { issue_qk_to(stage, s); };
     auto issue_pv = [&](int stage, const PFrag& pf) {
       const uint32_t vb = sV + stage * Cfg::kKVBytes;
       const uint64_t v_desc = smem_desc(vb, kBN * 128, 1024);
@@ -861,28 +852,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
     // l = l * alpha + this tile's row sum (even and odd columns summed apart, then added).
-    auto row_sums_of = [&](const SFrag& sb) {
+    auto row_sums = [&]() {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
-          sum0 += sb[i * 4 + 2 * hh];
-          sum1 += sb[i * 4 + 2 * hh + 1];
+          sum0 += s[i * 4 + 2 * hh];
+          sum1 += s[i * 4 + 2 * hh + 1];
         }
         l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
       }
     };
-    auto row_sums = [&]() { row_sums_of(s); };
     // `defer_sums` (std::true_type): the row sums are left to row_sums(), called after the P V wait.
-    auto softmax_of = [&](SFrag& sb, int it, auto variant, auto defer_sums) {
+    auto softmax = [&](int it, auto variant, auto defer_sums) {
       constexpr int kV = decltype(variant)::value;
       const int n0 = it * kBN;
       const int c0 = 2 * (lane % 4);
       if constexpr (kV == kScoreNone) {
         // Every key of the tile masked: exp2(-inf - max) = 0 and the running max / sum stay.
 #pragma unroll
-        for (int i = 0; i < kBN / 2; ++i) sb[i] = 0.0f;
+        for (int i = 0; i < kBN / 2; ++i) s[i] = 0.0f;
         alpha[0] = alpha[1] = 1.0f;
         rescale_due = false;
         return;
@@ -895,7 +885,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int e = 0; e < 4; ++e) {
             const int j = n0 + i * 8 + c0 + (e & 1);
             const uint32_t raw = mraw[e >> 1][i];
-            float x = sb[i * 4 + e] * a.scale;
+            float x = s[i * 4 + e] * a.scale;
             bool vis = j < key_limit[e >> 1];
             if constexpr (kMode == kMaskBool) {
               vis = vis && ((raw >> (8 * (e & 1))) & 0xffu) != 0;
@@ -904,7 +894,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               if constexpr (std::is_same_v<T, __half>) x += __half2float(__ushort_as_half(bits));
               else x += __bfloat162float(__ushort_as_bfloat16(bits));
             }
-            sb[i * 4 + e] = vis ? to_log2_units<T>(x) : -INFINITY;
+            s[i * 4 + e] = vis ? to_log2_units<T>(x) : -INFINITY;
           }
       } else if constexpr (kV == kScoreMask && elementwise) {
 #pragma unroll
@@ -914,7 +904,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
             for (int e = 2 * hh; e < 2 * hh + 2; ++e)
-              sb[i * 4 + e] = full_score<T>(a, sb[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
+              s[i * 4 + e] = full_score<T>(a, s[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
         }
       } else if constexpr (kV == kScoreLimits) {
         const int lim[2] = {key_limit[0], key_limit[1]};
@@ -923,7 +913,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int j = n0 + i * 8 + c0 + (e & 1);
-            sb[i * 4 + e] = j < lim[e >> 1] ? sb[i * 4 + e] * a.scale_log2 : -INFINITY;
+            s[i * 4 + e] = j < lim[e >> 1] ? s[i * 4 + e] * a.scale_log2 : -INFINITY;
           }
       }
       // Fast tiles (positive scale) keep the raw q.k: the row max is taken on them (scaling is
@@ -940,8 +930,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float mbase = mx == -INFINITY ? 0.0f : mx;
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
-          sb[i * 4 + 2 * hh] = ex2(fmaf(sb[i * 4 + 2 * hh], c, -mbase));
-          sb[i * 4 + 2 * hh + 1] = ex2(fmaf(sb[i * 4 + 2 * hh + 1], c, -mbase));
+          s[i * 4 + 2 * hh] = ex2(fmaf(s[i * 4 + 2 * hh], c, -mbase));
+          s[i * 4 + 2 * hh + 1] = ex2(fmaf(s[i * 4 + 2 * hh + 1], c, -mbase));
         }
       };
 #pragma unroll
@@ -955,14 +945,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kD == 64) {
           float part[4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) part[k] = fmaxf(sb[k * 4 + 2 * hh], sb[k * 4 + 2 * hh + 1]);
+          for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[k * 4 + 2 * hh], s[k * 4 + 2 * hh + 1]);
 #pragma unroll
           for (int i = 4; i < kBN / 8; ++i)
-            part[i % 4] = fmaxf(part[i % 4], fmaxf(sb[i * 4 + 2 * hh], sb[i * 4 + 2 * hh + 1]));
+            part[i % 4] = fmaxf(part[i % 4], fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
           tmax = fmaxf(fmaxf(part[0], part[2]), fmaxf(part[1], part[3]));
         } else {
 #pragma unroll
-          for (int i = 0; i < kBN / 8; ++i) tmax = fmaxf(tmax, fmaxf(sb[i * 4 + 2 * hh], sb[i * 4 + 2 * hh + 1]));
+          for (int i = 0; i < kBN / 8; ++i) tmax = fmaxf(tmax, fmaxf(s[i * 4 + 2 * hh], s[i * 4 + 2 * hh + 1]));
         }
         float mx = fmaxf(m_run[hh], tmax * c);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -986,19 +976,17 @@ __global__ void __launch_bounds__(kThreads, 1)
           exponentiate(hh, m_run[hh]);
         }
       }
-      if constexpr (!decltype(defer_sums)::value) row_sums_of(sb);
+      if constexpr (!decltype(defer_sums)::value) row_sums();
     };
-    auto softmax = [&](int it, auto variant, auto defer_sums) { softmax_of(s, it, variant, defer_sums); };
-    auto pack_from = [&](PFrag& dst, const SFrag& sb) {
+    auto pack_into = [&](PFrag& dst) {
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
-        dst[kk][0] = pack2<T>(sb[(2 * kk) * 4 + 0], sb[(2 * kk) * 4 + 1]);
-        dst[kk][1] = pack2<T>(sb[(2 * kk) * 4 + 2], sb[(2 * kk) * 4 + 3]);
-        dst[kk][2] = pack2<T>(sb[(2 * kk + 1) * 4 + 0], sb[(2 * kk + 1) * 4 + 1]);
-        dst[kk][3] = pack2<T>(sb[(2 * kk + 1) * 4 + 2], sb[(2 * kk + 1) * 4 + 3]);
+        dst[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+        dst[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+        dst[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+        dst[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
       }
     };
-    auto pack_into = [&](PFrag& dst) { pack_from(dst, s); };
     // Keys >= key_lengths[b] inside the tile that holds that bound are real memory (TMA only
     // zero-fills beyond Sk) and may hold anything, NaN included, in a padded cache: their P is 0, but
     // 0 * NaN is NaN, so the two consumer warpgroups zero those V rows before using the tile
@@ -1086,7 +1074,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // arrive is matched by exactly one sync. kPlainSplit with an odd number of tiles: warpgroup 1
     // has one batch less, so it passes its last turn too and then waits out warpgroup 0's last
     // (odd_turn).
-    const bool pp = pingpong != 0 && n_tiles > 0 && !(kLookahead && OPSFUSE_HOPPER_S_LOOKAHEAD == 1);
+    const bool pp = pingpong != 0 && n_tiles > 0;
     const bool odd_turn = kSplitWG && cw == 1 && n_mine < n_tiles - n_mine;
     auto turn_wait = [&]() {
       if (!pp) return;
@@ -1213,46 +1201,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
       else asm volatile("bar.sync 5, 128;\n" ::: "memory");
     }
-    // kLookahead: S(it) goes into buffer sb as soon as its K tile is in, one step ahead of its
-    // softmax (its own wgmma group).
-    auto issue_s_ahead = [&](int it, SFrag& sb) {
-      const int st = stage_of(it);
-      mbar_wait(bar_kfull(st), parity_of(it));
-      __syncwarp();
-      wgmma_fence();
-      issue_qk_to(st, sb);
-      wgmma_commit();
-    };
-    // kLookahead's step of tile it (it > the first): S(it) is in `cur` (issued a step earlier);
-    // P(it-1) V(it-1) goes out, then (kAhead) S(it + 1) into `nxt`, and tile it's softmax runs
-    // while both products do. Every wgmma wait counts groups that are issued on every path:
-    // ptxas serializes the products where it cannot tell (C7514).
-    auto step_ahead = [&](int it, auto variant, auto ahead, SFrag& cur, SFrag& nxt) {
-      constexpr bool kAhead = decltype(ahead)::value;
-      const int st = stage_of(it), prev = stage_of(it - 1);
-      rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added
-      mbar_wait(bar_vfull(prev), parity_of(it - 1));
-      __syncwarp();
-      zero_v_tail(prev, it - 1);
-      turn_wait();
-      wgmma_fence();
-      issue_pv(prev, p);
-      wgmma_commit();
-      turn_pass(false);
-      wgmma_wait<1>();  // S(it) done; P(it-1) V(it-1) may still run
-      reg_fence(cur);
-      if (lane == 0) release(bar_kempty(st));
-      if (it == my_last && lane == 0) mbar_arrive(bar_qempty(round));
-      if constexpr (kAhead) issue_s_ahead(it + 1, nxt);
-      softmax_of(cur, it, variant, std::true_type{});
-      if constexpr (kAhead) wgmma_wait<1>();  // P(it-1) V(it-1) done; S(it + 1) may still run
-      else wgmma_wait<0>();
-      reg_fence(o);
-      reg_fence(p);
-      if (lane == 0) release(bar_vempty(prev));
-      row_sums_of(cur);
-      pack_from(p, cur);
-    };
     // Q is released (for the item kQBuffers rounds later) after the item's last S = Q K^T.
     if (n_mine == 0 && lane == 0) mbar_arrive(bar_qempty(round));
     if (n_mine > 0) {
@@ -1387,26 +1335,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             continue;
           }
           with_scoring(it, kTileMixed, [&](auto variant) { step(it, variant, std::false_type{}); });
-        }
-      } else if constexpr (kLookahead) {
-        // S(it) is in s2 for odd steps from the first, in s for even ones; two steps per
-        // iteration (both with a next tile), then the last one or two.
-        if (n_mine > 1) {
-          auto run = [&](int it, auto ahead, SFrag& cur, SFrag& nxt) {
-            with_scoring(it, kTileMixed, [&](auto variant) { step_ahead(it, variant, ahead, cur, nxt); });
-          };
-          issue_s_ahead(my_begin + 1, s2);
-          int it = my_begin + 1;
-          for (; it + 2 < t_end; it += 2) {
-            run(it, std::true_type{}, s2, s);
-            run(it + 1, std::true_type{}, s, s2);
-          }
-          if (it + 1 < t_end) {
-            run(it, std::true_type{}, s2, s);
-            run(it + 1, std::false_type{}, s, s2);
-          } else {
-            run(it, std::false_type{}, s2, s);
-          }
         }
       } else {
         for (int it = kFirstInLoop ? my_begin : my_begin + kStride; it < t_end; it += kStride) {
