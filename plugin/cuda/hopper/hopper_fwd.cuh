@@ -113,12 +113,6 @@ namespace hopper {
 #endif
 constexpr bool kLazyRescale = OPSFUSE_HOPPER_LAZY_RESCALE != 0;
 constexpr float kRescaleSlack = 8.0f;
-// A/B knob (session 24, temporary): the plain kernel at D = 64 runs each key tile in sequence
-// (S, then the softmax with O's rescale, the sums and the packing, then P V), the pingpong's turn
-// around the softmax (1), or without the turns (2).
-#ifndef OPSFUSE_HOPPER_SEQ_STEP
-#define OPSFUSE_HOPPER_SEQ_STEP 0
-#endif
 
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
@@ -778,7 +772,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // kLazyRescale at D >= 128 in the plain kernels only: in the others (first tile inside the key
     // loop) the conditional rescale made ptxas serialize every wgmma (C7515).
     constexpr bool kLazy = kLazyRescale && kD >= 128 && (kPlainScores || kSplitWG);
-    constexpr bool kSeq = OPSFUSE_HOPPER_SEQ_STEP != 0 && kMode == kPlain && kD == 64;
     bool rescale_due = false;  // kLazy: this warp's alpha is not 1 (warp-uniform)
     float s[kBN / 2];
 #pragma unroll
@@ -1081,7 +1074,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // arrive is matched by exactly one sync. kPlainSplit with an odd number of tiles: warpgroup 1
     // has one batch less, so it passes its last turn too and then waits out warpgroup 0's last
     // (odd_turn).
-    const bool pp = pingpong != 0 && n_tiles > 0 && !(kSeq && OPSFUSE_HOPPER_SEQ_STEP == 2);
+    const bool pp = pingpong != 0 && n_tiles > 0;
     const bool odd_turn = kSplitWG && cw == 1 && n_mine < n_tiles - n_mine;
     auto turn_wait = [&]() {
       if (!pp) return;
@@ -1212,7 +1205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (n_mine == 0 && lane == 0) mbar_arrive(bar_qempty(round));
     if (n_mine > 0) {
       int cls_next = class_vote(my_begin);  // the class of the tile the loop takes next
-      if constexpr (!kFirstInLoop && !kSeq) {
+      if constexpr (!kFirstInLoop) {
         // First tile (the plain kernel: no classes, no mask): S, softmax, P.
         const int st0 = stage_of(my_begin);
         mbar_wait(bar_kfull(st0), parity_of(my_begin));
@@ -1343,56 +1336,22 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           with_scoring(it, kTileMixed, [&](auto variant) { step(it, variant, std::false_type{}); });
         }
-      } else if constexpr (kSeq) {
-        // kSeq: tile it's S, its softmax (the turn around it: the two warpgroups' exponentials
-        // alternate, each one's products run during the other's), then its P V.
-        auto step_seq = [&](int it, auto variant) {
-          const int st = stage_of(it);
-          mbar_wait(bar_kfull(st), parity_of(it));
-          __syncwarp();
-          wgmma_fence();
-          issue_qk(st);
-          wgmma_commit();
-          wgmma_wait<0>();
-          reg_fence(s);
-          if (lane == 0) release(bar_kempty(st));
-          if (it == my_last && lane == 0) mbar_arrive(bar_qempty(round));
-          turn_wait();
-          softmax(it, variant, std::false_type{});
-          rescale_o();  // O *= alpha(it): P(it-1) V(it-1) is done
-          pack_into(p);
-          turn_pass(it == my_last);
-          mbar_wait(bar_vfull(st), parity_of(it));
-          __syncwarp();
-          zero_v_tail(st, it);
-          wgmma_fence();
-          issue_pv(st, p);
-          wgmma_commit();
-          wgmma_wait<0>();
-          reg_fence(o);
-          reg_fence(p);
-          if (lane == 0) release(bar_vempty(st));
-        };
-        for (int it = my_begin; it < t_end; ++it)
-          with_scoring(it, kTileMixed, [&](auto variant) { step_seq(it, variant); });
       } else {
         for (int it = kFirstInLoop ? my_begin : my_begin + kStride; it < t_end; it += kStride) {
           with_scoring(it, cls_next, [&](auto variant) { step(it, variant, std::false_type{}); });
         }
       }
       const int last = stage_of(my_last);
-      if constexpr (!kSeq) {  // kSeq: every tile's P V is done
-        if (!kLazy || rescale_due) rescale_o();
-        mbar_wait(bar_vfull(last), parity_of(my_last));
-        __syncwarp();
-        zero_v_tail(last, my_last);
-        turn_wait();
-        wgmma_fence();
-        issue_pv(last, p);
-        wgmma_commit();
-        turn_pass(true);
-        if (odd_turn) turn_wait();
-      }
+      if (!kLazy || rescale_due) rescale_o();
+      mbar_wait(bar_vfull(last), parity_of(my_last));
+      __syncwarp();
+      zero_v_tail(last, my_last);
+      turn_wait();
+      wgmma_fence();
+      issue_pv(last, p);
+      wgmma_commit();
+      turn_pass(true);
+      if (odd_turn) turn_wait();
       // V's bias while the product runs (D = 64: at 128 and 256 the 16 / 32 registers spilled).
       if constexpr (kD == 64) {
         if (a.v_bias != nullptr) load_v_bias();
@@ -1403,8 +1362,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The last tile's V stage goes back to the producer too: with a persistent grid the ring
       // continues into the block's next item, whose producer waits for this stage's release when
       // the ring comes round to it (kStages tiles later); without this arrive it waits forever.
-      // (kSeq's steps released every tile's V stage.)
-      if (!kSeq && lane == 0) release(bar_vempty(last));
+      if (lane == 0) release(bar_vempty(last));
     }
 
     // Folds another part's (O, max, per-thread sum) of the same rows and columns into this thread's
