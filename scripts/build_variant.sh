@@ -15,6 +15,7 @@ shift 2
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 ARCH=${CUDA_ARCH:-$($PY -c 'import torch; m, n = torch.cuda.get_device_capability(0); print(f"{m}{n}-real")')}
+mkdir -p "$(dirname "$dir")"  # the logs sit beside DIR (session 24: a fresh /tmp/ab failed here)
 cmake -S "$REPO" -B "$dir" -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DOPSFUSE_CUDA=ON \
   ${ONNXRUNTIME_ROOT:+-DONNXRUNTIME_ROOT="$ONNXRUNTIME_ROOT"} -DPython_EXECUTABLE="$(command -v $PY)" \
   "-DCMAKE_CUDA_FLAGS=${defs//,/ }" > "$dir.cmake.log"
