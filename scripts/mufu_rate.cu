@@ -4,22 +4,14 @@
 // ex2 chains (enough to cover MUFU's latency), optionally with K independent FFMAs per ex2; the
 // block's SM clocks come from clock64() around the loop.
 //
-//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a scripts/mufu_rate.cu -o /tmp/mufu_rate && /tmp/mufu_rate
+//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Iplugin scripts/mufu_rate.cu -o /tmp/mufu_rate && /tmp/mufu_rate
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define CHECK(call)                                                                  \
-  do {                                                                               \
-    const cudaError_t e_ = (call);                                                   \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
+#include "cuda/tools/tool_support.h"  // CHECK_CUDA
 
 constexpr int kChains = 16;
 
@@ -54,12 +46,12 @@ template <int kFfmaPerEx2>
 void measure(int sms, float* sink, long long* d_cycles, int warps) {
   const int iters = 2000;
   ex2_stream<kFfmaPerEx2><<<sms, 32 * warps>>>(sink, d_cycles, 10);  // warm-up
-  CHECK(cudaGetLastError());
+  CHECK_CUDA(cudaGetLastError());
   ex2_stream<kFfmaPerEx2><<<sms, 32 * warps>>>(sink, d_cycles, iters);
-  CHECK(cudaGetLastError());
-  CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<long long> cyc(sms);
-  CHECK(cudaMemcpy(cyc.data(), d_cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(cyc.data(), d_cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost));
   std::sort(cyc.begin(), cyc.end());
   const double median = static_cast<double>(cyc[sms / 2]);
   const double ex2_per_sm = 32.0 * warps * iters * kChains;
@@ -74,18 +66,18 @@ void measure(int sms, float* sink, long long* d_cycles, int warps) {
 
 int main() {
   int dev = 0, sms = 0;
-  CHECK(cudaGetDevice(&dev));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CHECK_CUDA(cudaGetDevice(&dev));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, dev));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
   std::printf("%s, %d SMs\n", prop.name, sms);
   float* sink = nullptr;
   long long* d_cycles = nullptr;
-  CHECK(cudaMalloc(&sink, 1024 * sizeof(float)));
-  CHECK(cudaMalloc(&d_cycles, sms * sizeof(long long)));
+  CHECK_CUDA(cudaMalloc(&sink, 1024 * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&d_cycles, sms * sizeof(long long)));
   for (int warps : {1, 4, 8, 12, 16}) measure<0>(sms, sink, d_cycles, warps);
   for (int warps : {4, 8}) measure<4>(sms, sink, d_cycles, warps);
-  CHECK(cudaFree(sink));
-  CHECK(cudaFree(d_cycles));
+  CHECK_CUDA(cudaFree(sink));
+  CHECK_CUDA(cudaFree(d_cycles));
   return 0;
 }
