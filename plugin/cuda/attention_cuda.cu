@@ -35,6 +35,12 @@
 //                                  round of 64-row items.
 //   OPSFUSE_CUDA_HOPPER_CHAIN=0    (A/B, tests) no item chaining: persistent plain launches take
 //                                  the kernel that runs each item's key loop on its own.
+//   OPSFUSE_CUDA_HOPPER_PDL=1      the Hopper prefill kernel as a programmatic dependent launch: its
+//                                  blocks start while the previous kernel in the stream ends (and
+//                                  wait for it before any global access). Off by default: on the
+//                                  H200 it saves ~0.6 us per call after a call of its own, but costs
+//                                  0.1-0.3 us after a GEMM or an elementwise kernel, as inside a
+//                                  model (docs/notes/cuda_kernel.md, session 25).
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -143,6 +149,7 @@ Switches read_switches() {
       "DISABLE_HOPPER",    "FORCE_HOPPER",       "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
       "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT",     "HOPPER_CHAIN",
+      "HOPPER_PDL",
       "DECODE_SPLITS",     "DECODE_NO_CLUSTER",
       "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
@@ -528,6 +535,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   plan.mask_pairs = !sw.is(Switch::kHopperMaskPairs, '0');
   plan.tma_store = !sw.is(Switch::kHopperTmaStore, '0');
   plan.chain = !sw.is(Switch::kHopperChain, '0');
+  plan.pdl = sw.is(Switch::kHopperPdl, '1');
   if (const char* promo = sw.get(Switch::kDecodeL2Promotion)) plan.l2_promotion = std::atoi(promo);
   plan.evict_first = !sw.is(Switch::kDecodeEvictFirst, '0');
   return plan;

@@ -396,6 +396,61 @@ def test_item_chaining(dtype, case, monkeypatch):
                            what=f"item chaining {case} (seed {seed})")
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["stream", "graph"])
+@pytest.mark.parametrize("d,causal", [(64, 0), (128, 1)], ids=["d64", "d128_causal"])
+def test_dependent_launches_order_reads_and_writes(d, causal, graph, monkeypatch):
+    """Back-to-back launches without a sync between them, as a model runs: each call reads the
+    previous call's output as Q (read after write) and writes over the buffer the previous call
+    reads as V (write after read). With OPSFUSE_CUDA_HOPPER_PDL=1 the Hopper kernel is a
+    programmatic dependent launch (its blocks start while the previous kernel finishes, and wait
+    for it before touching global memory); the chain must equal, bit for bit, the same chain run
+    one call at a time with plain launches (OPSFUSE_CUDA_HOPPER_PDL=0). Every output buffer starts as NaN, so a read that
+    overtook its writer shows. One head of 4096 rows makes a one-round grid of 32-64 blocks, each
+    tens of µs long, which leaves most SMs free for the next call's blocks. (On the H200 a build
+    without the kernel's wait still passed: the next grid's blocks started only as the previous
+    one's ended, docs/notes/cuda_kernel.md session 25. The test holds the chain's results to the
+    plain launches' wherever the hardware lets them start earlier.)"""
+    cuda = require_cuda_module()
+    import torch
+
+    rng, seed = fresh_rng()
+    shape = (1, 1, 4096, d)  # Sq = Sk, so an output can serve as the next call's Q or V
+    first = [to_device(rng.standard_normal(shape).astype(np.float16)) for _ in range(3)]
+
+    def chain(sync):
+        bufs = [t.clone() for t in first] + [torch.full(shape, float("nan"), dtype=torch.float16, device="cuda")]
+        for _ in range(6):  # each call: bufs[3] = attn(bufs[0], bufs[1], bufs[2]); roles rotate by one
+            q, k, v, out = bufs
+            cuda.fused_attention(q, k, v, is_causal=causal, out=out)
+            if sync:
+                torch.cuda.synchronize()
+            bufs = [out, q, k, v]  # the next call reads `out` as Q and overwrites this call's V
+        return bufs  # the last four calls' outputs, newest first
+
+    with monkeypatch.context() as m:
+        m.setenv("OPSFUSE_CUDA_HOPPER_PDL", "0")
+        expect = [o.clone() for o in chain(sync=True)]
+    monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_PDL", "1")
+    if graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            chain(sync=False)  # warm-up outside capture
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=side):
+                got = chain(sync=False)
+        for o in got:
+            o.fill_(float("nan"))
+        torch.cuda.current_stream().wait_stream(side)
+        g.replay()
+    else:
+        got = chain(sync=False)
+    torch.cuda.synchronize()
+    for i, (o, e) in enumerate(zip(got, expect)):
+        assert torch.isfinite(o).all(), f"output {i}: NaN, a read overtook its writer (seed {seed})"
+        assert torch.equal(o, e), f"output {i}: differs from the one-at-a-time chain (seed {seed})"
+
+
 def test_key_lengths_clamped():
     """Values outside [0, Sk] are clamped on the device (they cannot be checked without a sync)."""
     rng, seed = fresh_rng()

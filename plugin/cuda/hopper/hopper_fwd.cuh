@@ -570,6 +570,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_mbarrier_init();
   }
   __syncthreads();
+  // Everything above touches only shared memory and the kernel parameters: with a programmatic
+  // dependent launch (Plan::pdl) it overlaps the previous kernel's tail. Every thread waits here
+  // for that kernel's results before its first global access (reads of Q/K/V, key_lengths, the
+  // mask and the workspace; writes of Y, which that kernel may still be reading).
+  grid_dependency_wait();
+  launch_dependents();
 
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   if (wg == 0) {
@@ -1714,29 +1720,33 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     const int64_t rem = tail_grid >= 2 ? blocks % tail_grid : 0;
     if (rem == 0 || 2 * rem > tail_grid) return cudaErrorInvalidValue;
   }
+  // Programmatic dependent launch (plan.pdl): the blocks may start, set up their barriers and
+  // prefetch the tensor maps while the previous kernel in the stream finishes; the kernel waits
+  // for that kernel's completion before any global access (grid_dependency_wait()).
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = plan.pdl ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3(static_cast<unsigned>(tail ? tail_grid : blocks * splits), 1, 1);
   cfg.blockDim = dim3(hopper::kThreads, 1, 1);
   cfg.dynamicSmemBytes = Cfg::kSmem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  // The kernel on `grid` blocks without clusters (every round unsplit), or as cfg's clusters with
-  // `key_splits` per item and split rounds from `tail_round` on.
-  auto launch_plain = [&] {
-    kernel<<<static_cast<unsigned>(grid), hopper::kThreads, Cfg::kSmem, stream>>>(
-        a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks), 1, mask_classes, INT_MAX, tma_store);
-    return cudaGetLastError();
-  };
-  auto launch_clusters = [&](int key_splits, int tail_round) {
+  // The kernel on `grid` blocks without clusters (every round unsplit), or as clusters of `splits`
+  // blocks with `key_splits` per item and split rounds from `tail_round` on.
+  auto launch = [&](int64_t blocks_launched, bool clusters, int key_splits, int tail_round) {
+    cfg.gridDim = dim3(static_cast<unsigned>(blocks_launched), 1, 1);
+    cfg.numAttrs = clusters ? 2 : 1;
     const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks),
                                              key_splits, mask_classes, tail_round, tma_store);
     return e != cudaSuccess ? e : cudaGetLastError();
+  };
+  auto launch_plain = [&] { return launch(grid, false, 1, INT_MAX); };
+  auto launch_clusters = [&](int key_splits, int tail_round) {
+    return launch(tail ? tail_grid : blocks * splits, true, key_splits, tail_round);
   };
   if (tail) {
     // A persistent grid must be resident at once (one wave): with clusters of 2 that needs

@@ -1,7 +1,7 @@
 // Internal to plugin/cuda/hopper: PTX wrappers for the sm_90 asynchronous-copy machinery shared by
 // the Hopper prefill kernel (hopper_fwd.cuh) and the Hopper decode kernel (hopper_decode.cuh):
-// mbarriers (init / expect_tx / arrive / parity wait), TMA tensor-map loads completing on one, and
-// TMA stores in bulk groups.
+// mbarriers (init / expect_tx / arrive / parity wait), TMA tensor-map loads completing on one,
+// TMA stores in bulk groups, and the grid-dependency controls of a programmatic dependent launch.
 #pragma once
 
 #include <cstdint>
@@ -96,6 +96,16 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 // Loads a kernel-parameter tensor map into the TMA unit's descriptor cache ahead of its first use.
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Programmatic dependent launch (a launch with cudaLaunchAttributeProgrammaticStreamSerialization
+// may start while the previous kernel in the stream still runs). The wait returns once that kernel
+// has completed and its memory operations are visible (at once without such a launch); the
+// trigger lets the next such launch start its blocks once every block of this grid has issued it
+// or exited (their own wait still orders them after this grid's completion).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 }  // namespace hopper
