@@ -9,7 +9,10 @@ notes in docs/notes/cuda_kernel.md quote its output).
     python scripts/ab_sweep.py causal D=1 OPSFUSE_CUDA_HOPPER_DYNAMIC=0 OPSFUSE_CUDA_HOPPER_SCHED_HEADS=4
 
 Each argument after the grid is one variant: comma-separated NAME=VALUE pairs set while that
-variant is captured (D=1 is a no-op: the defaults). AB_INTERLEAVED=1: the variants and cuDNN are
+variant is captured (D=1 is a no-op: the defaults). AB_PRECEDE=gemm / add (with AB_INTERLEAVED=1):
+every call of every contender after a Q/K/V projection GEMM of its shape, or an elementwise add of
+that size (times are of the pair).
+AB_INTERLEAVED=1: the variants and cuDNN are
 timed side by side, every round replaying each one's graph in rotating order (the benchmark's
 time_kernels_interleaved, 15 rounds), so that clock and temperature drifts fall on all alike. Issue 5's decode shapes (B=8, Hq=32, Hkv 8 / 32,
 Sk 1024 / 8192 / 32768, D=128, bf16) or its prefill and seed shapes, each timed by the benchmark's
@@ -109,6 +112,19 @@ for name, make, causal in cases:
         named = {"cudnn": [lambda s=s: cudnn_fn(*s) for s in sets]}
         for i, spec in enumerate(sys.argv[1:]):
             named[f"{i}:{spec or 'default'}"] = [under(spec, ops, s) for s in sets]
+        precede = os.environ.get("AB_PRECEDE")
+        if precede in ("gemm", "add"):
+            # Each call after another kernel, as in a model, for what a programmatic dependent
+            # launch gains there: the layer's Q/K/V projection GEMM (B*S x H*D @ H*D x 3*H*D, fp16,
+            # cuBLAS) or an elementwise add over that product's output; the row named after it is
+            # that kernel alone.
+            b_, h_, s_, d_ = sets[0][0].shape
+            x = torch.randn(b_ * s_, h_ * d_, device="cuda", dtype=torch.float16)
+            w = torch.randn(h_ * d_, 3 * h_ * d_, device="cuda", dtype=torch.float16)
+            xw = torch.zeros(b_ * s_, 3 * h_ * d_, device="cuda", dtype=torch.float16)
+            first = (lambda: torch.matmul(x, w, out=xw)) if precede == "gemm" else (lambda: xw.add_(1.0))
+            named = {n: [lambda c=c: (first(), c()) for c in calls] for n, calls in named.items()}
+            named[precede] = [first]
         times = time_kernels_interleaved(torch, named, repeat=15)
         print("  ".join([name] + [f"{n} {t:.1f}" for n, t in times.items()]), flush=True)
         del sets

@@ -392,9 +392,11 @@ def _kernel_points(torch, cuda_mod, rows, base, sets, ref, causal, gqa, repeat):
             _point(rows, **base, impl=f"SDPA {name}", mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
     impls = ["opsfuse binding"]
     if _hopper_device(torch) and base["dtype"] in ("float16", "bfloat16"):
-        # The launcher picks the Hopper kernel here where it covers the case; this row measures the
-        # portable (sm_80) tensor-core kernel on the same inputs, in the same run.
-        impls.append(_SM80_IMPL)
+        # The launcher picks the Hopper kernel here where it covers the case; these rows measure it
+        # as a programmatic dependent launch (opt-in: what overlapping one call's start with the
+        # previous call's end is worth) and the portable (sm_80) tensor-core kernel, on the same
+        # inputs, in the same run.
+        impls += [_PDL_IMPL, _SM80_IMPL]
     for impl in impls:
         try:
             contenders[impl] = _opsfuse_calls(torch, cuda_mod, sets, causal, impl)
@@ -421,16 +423,21 @@ def _kernel_points(torch, cuda_mod, rows, base, sets, ref, causal, gqa, repeat):
 
 
 _SM80_IMPL = "opsfuse binding (sm80 kernel)"
+_PDL_IMPL = "opsfuse binding (PDL)"
+# The launcher switch each variant row sets (plugin/cuda/attention_cuda.cu reads them at every launch).
+_IMPL_SWITCH = {_SM80_IMPL: ("OPSFUSE_CUDA_DISABLE_HOPPER", "1"), _PDL_IMPL: ("OPSFUSE_CUDA_HOPPER_PDL", "1")}
 
 
 @contextlib.contextmanager
 def _kernels_of(impl):
-    """For the sm80 row, OPSFUSE_CUDA_DISABLE_HOPPER=1 (the launcher reads it at every launch, see
-    plugin/cuda/attention_cuda.cu); the variable is restored afterwards."""
-    name = "OPSFUSE_CUDA_DISABLE_HOPPER"
+    """For a variant row, its launcher switch (_IMPL_SWITCH) while the call runs or is captured;
+    the variable is restored afterwards."""
+    if impl not in _IMPL_SWITCH:
+        yield
+        return
+    name, value = _IMPL_SWITCH[impl]
     saved = os.environ.get(name)
-    if impl == _SM80_IMPL:
-        os.environ[name] = "1"
+    os.environ[name] = value
     try:
         yield
     finally:
@@ -598,6 +605,7 @@ def _summaries(rows):
         for group, mine, peers in (
             ("via ORT", "opsfuse via ORT", ("ORT unfused graph", "ORT MultiHeadAttention", "ORT Attention-23")),
             ("kernel", "opsfuse binding", sdpa),
+            ("kernel, PDL", _PDL_IMPL, sdpa),
             ("kernel, sm80 kernel", _SM80_IMPL, sdpa),
         ):
             m = [r for r in rs if r["impl"] == mine]
@@ -671,6 +679,10 @@ def _markdown(meta, rows, summary):
         "sets (>= 240 MB of inputs, or one set when larger), the implementations of a point replayed round by "
         "round, interleaved, in rotating order; ORT rows are wall-clock per `run_with_iobinding` "
         "(device buffers, synchronized; the four ORT variants of a point timed round by round, interleaved). FLOPs = 4·B·Hq·Sq·Sk·D (halved when causal); bytes = Q+K+V+Y once.",
+        "- on Hopper `opsfuse binding (PDL)` is the sm_90a kernel as a programmatic dependent launch "
+        "(OPSFUSE_CUDA_HOPPER_PDL=1, opt-in: a call's blocks start and set up while the previous call in the "
+        "replay ends, and wait for its completion before any global access); `opsfuse binding` is the default, "
+        "plain stream order.",
         "",
         "## opsfuse against the best peer",
         "",
