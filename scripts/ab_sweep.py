@@ -8,17 +8,16 @@ notes in docs/notes/cuda_kernel.md quote its output).
     python scripts/ab_sweep.py pshort D=1 OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=1
     python scripts/ab_sweep.py causal D=1 OPSFUSE_CUDA_HOPPER_DYNAMIC=0 OPSFUSE_CUDA_HOPPER_SCHED_HEADS=4
 
-Each argument after the grid is one variant: comma-separated NAME=VALUE pairs set while that
-variant is captured (D=1 is a no-op: the defaults). AB_PRECEDE=gemm / add (with AB_INTERLEAVED=1):
-every call of every contender after a Q/K/V projection GEMM of its shape, or an elementwise add of
-that size (times are of the pair).
-AB_INTERLEAVED=1: the variants and cuDNN are
-timed side by side, every round replaying each one's graph in rotating order (the benchmark's
-time_kernels_interleaved, 15 rounds), so that clock and temperature drifts fall on all alike. Issue 5's decode shapes (B=8, Hq=32, Hkv 8 / 32,
-Sk 1024 / 8192 / 32768, D=128, bf16) or its prefill and seed shapes, each timed by the benchmark's
-graph timer (opsfuse.bench.cuda.time_graph: the median of 7 CUDA-graph replays of >= 10 calls) over
-rotated input sets (>= 256 MB, so that L2 does not flatter anyone), with PyTorch's cuDNN SDPA
-backend on the same inputs first."""
+Each argument after the grid is one variant: comma-separated NAME=VALUE pairs set while that variant
+is captured (D=1 is a no-op: the defaults). AB_PRECEDE=gemm / add (with AB_INTERLEAVED=1): every
+call of every contender after a Q/K/V projection GEMM of its shape, or an elementwise add of that
+size (times are of the pair). AB_INTERLEAVED=1: the variants and cuDNN are timed side by side, every
+round replaying each one's graph in rotating order (the benchmark's time_kernels_interleaved, 15
+rounds), so that clock and temperature drifts fall on all alike. Issue 5's decode shapes (B=8,
+Hq=32, Hkv 8 / 32, Sk 1024 / 8192 / 32768, D=128, bf16) or its prefill and seed shapes, each timed
+by the benchmark's graph timer (opsfuse.bench.cuda.time_graph: the median of 7 CUDA-graph replays of
+>= 10 calls) over rotated input sets (>= 256 MB, so that L2 does not flatter anyone), with PyTorch's
+cuDNN SDPA backend on the same inputs first."""
 import sys
 import torch
 import torch.nn.functional as F

@@ -404,8 +404,8 @@ def test_dependent_launches_order_reads_and_writes(d, causal, graph, monkeypatch
     reads as V (write after read). With OPSFUSE_CUDA_HOPPER_PDL=1 the Hopper kernel is a
     programmatic dependent launch (its blocks start while the previous kernel finishes, and wait
     for it before touching global memory); the chain must equal, bit for bit, the same chain run
-    one call at a time with plain launches (OPSFUSE_CUDA_HOPPER_PDL=0). Every output buffer starts as NaN, so a read that
-    overtook its writer shows. One head of 4096 rows makes a one-round grid of 32-64 blocks, each
+    one call at a time with plain launches (OPSFUSE_CUDA_HOPPER_PDL=0). Every output buffer starts
+    as NaN, so a read that overtook its writer shows. One head of 4096 rows makes a one-round grid of 32-64 blocks, each
     tens of µs long, which leaves most SMs free for the next call's blocks. (On the H200 a build
     without the kernel's wait still passed: the next grid's blocks started only as the previous
     one's ended, docs/notes/cuda_kernel.md session 25. The test holds the chain's results to the
@@ -418,7 +418,7 @@ def test_dependent_launches_order_reads_and_writes(d, causal, graph, monkeypatch
     first = [to_device(rng.standard_normal(shape).astype(np.float16)) for _ in range(3)]
 
     def chain(sync):
-        bufs = [t.clone() for t in first] + [torch.full(shape, float("nan"), dtype=torch.float16, device="cuda")]
+        bufs = [t.clone() for t in first] + [poisoned(shape, np.float16)]
         for _ in range(6):  # each call: bufs[3] = attn(bufs[0], bufs[1], bufs[2]); roles rotate by one
             q, k, v, out = bufs
             cuda.fused_attention(q, k, v, is_causal=causal, out=out)
