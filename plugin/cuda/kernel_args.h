@@ -96,6 +96,7 @@ enum class Switch : int {
   kHopperWgSplit,       // OPSFUSE_CUDA_HOPPER_WG_SPLIT
   kHopperChain,         // OPSFUSE_CUDA_HOPPER_CHAIN
   kHopperPdl,           // OPSFUSE_CUDA_HOPPER_PDL
+  kHopperSeq,           // OPSFUSE_CUDA_HOPPER_SEQ
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -157,6 +158,8 @@ struct Plan {
   bool tma_store = true;       // kHopper: the output through shared memory and TMA stores (D <= 128)
   bool chain = true;           // kHopper: item chaining where launch_hopper can take it (kPlainChain)
   bool pdl = false;            // kHopper: a programmatic dependent launch (launch_hopper)
+  int seq_tiles = 8;           // kHopper: plain launches at D <= 64 over <= this many key tiles run them in
+                               // sequence (kPlainSeq, launch_hopper); 0 never
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
   bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };

@@ -66,6 +66,10 @@
 //    tiles): a block's items are one loop of key-tile steps; an item's first step issues its S
 //    product beside the previous item's last P V and stores that item after the P V wait (its own
 //    compile-time copy of the step, so that the steady step carries none of it).
+//  - Short items in sequence (kPlainSeq, launch_hopper: plain launches at D = 64 over <= 8 key
+//    tiles by default): each key tile's S, softmax (under the turn) and P V one after the other,
+//    no first tile of its own and no trailing P V -- a kernel a quarter smaller, faster on short
+//    items; on long key loops kPlain's overlap of the softmax with P V pays more.
 //
 // Why raw PTX (inline asm) and not CUTLASS/CuTe: the kernel needs ~10 instructions (wgmma
 // fence/commit/wait/mma_async, cp.async.bulk.tensor, mbarrier init/arrive/expect_tx/try_wait,
@@ -350,7 +354,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // buffer, whose 128-row TMA box also brings the next 64, unused), each on every other key tile.
   constexpr bool kSplitWG = kMode == kPlainSplit;
   constexpr bool kChain = kMode == kPlainChain;
-  constexpr bool kPlainScores = kMode == kPlain || kChain;  // no mask, no softcap, 128-row items
+  constexpr bool kSeq = kMode == kPlainSeq;
+  static_assert(!kSeq || kD == 64, "kPlainSeq: measured and compiled at D = 64 only");
+  constexpr bool kPlainScores = kMode == kPlain || kChain || kSeq;  // no mask, no softcap, 128-row items
   constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
@@ -1211,7 +1217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (n_mine == 0 && lane == 0) mbar_arrive(bar_qempty(round));
     if (n_mine > 0) {
       int cls_next = class_vote(my_begin);  // the class of the tile the loop takes next
-      if constexpr (!kFirstInLoop) {
+      if constexpr (!kFirstInLoop && !kSeq) {
         // First tile (the plain kernel: no classes, no mask): S, softmax, P.
         const int st0 = stage_of(my_begin);
         mbar_wait(bar_kfull(st0), parity_of(my_begin));
@@ -1342,22 +1348,61 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           with_scoring(it, kTileMixed, [&](auto variant) { step(it, variant, std::false_type{}); });
         }
+      } else if constexpr (kSeq) {
+        // Tile it in sequence: S, then its softmax under the turn (the other warpgroup's products
+        // run meanwhile), O's rescale (P(it-1) V(it-1) is done), P V, waited for. Each warpgroup
+        // takes n_tiles turns (the steps' passes; warpgroup 1 skips its last), as the pairing above
+        // counts them. The same arithmetic as the overlapped step, in the same order.
+        for (int it = my_begin; it < t_end; ++it) {
+          with_scoring(it, kTileMixed, [&](auto variant) {
+            const int st = stage_of(it);
+            mbar_wait(bar_kfull(st), parity_of(it));
+            __syncwarp();
+            wgmma_fence();
+            issue_qk(st);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence(s);
+            if (lane == 0) release(bar_kempty(st));
+            if (it == my_last && lane == 0) mbar_arrive(bar_qempty(round));
+            turn_wait();
+            softmax(it, variant, std::false_type{});
+            rescale_o();
+            pack_into(p);
+            turn_pass(it == my_last);
+            mbar_wait(bar_vfull(st), parity_of(it));
+            __syncwarp();
+            zero_v_tail(st, it);
+            wgmma_fence();
+            issue_pv(st, p);
+            wgmma_commit();
+            // The last tile's product is waited for below, where V's bias loads beside it.
+            if (it != my_last) {
+              wgmma_wait<0>();
+              reg_fence(o);
+              reg_fence(p);
+              if (lane == 0) release(bar_vempty(st));
+            }
+          });
+        }
       } else {
         for (int it = kFirstInLoop ? my_begin : my_begin + kStride; it < t_end; it += kStride) {
           with_scoring(it, cls_next, [&](auto variant) { step(it, variant, std::false_type{}); });
         }
       }
       const int last = stage_of(my_last);
-      if (!kLazy || rescale_due) rescale_o();
-      mbar_wait(bar_vfull(last), parity_of(my_last));
-      __syncwarp();
-      zero_v_tail(last, my_last);
-      turn_wait();
-      wgmma_fence();
-      issue_pv(last, p);
-      wgmma_commit();
-      turn_pass(true);
-      if (odd_turn) turn_wait();
+      if constexpr (!kSeq) {  // kSeq: the last tile's P V is already issued
+        if (!kLazy || rescale_due) rescale_o();
+        mbar_wait(bar_vfull(last), parity_of(my_last));
+        __syncwarp();
+        zero_v_tail(last, my_last);
+        turn_wait();
+        wgmma_fence();
+        issue_pv(last, p);
+        wgmma_commit();
+        turn_pass(true);
+        if (odd_turn) turn_wait();
+      }
       // V's bias while the product runs (D = 64: at 128 and 256 the 16 / 32 registers spilled).
       if constexpr (kD == 64) {
         if (a.v_bias != nullptr) load_v_bias();
@@ -1655,17 +1700,32 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       plan.cluster == 1 && a.sk_count == nullptr && a.key_lengths == nullptr && a.q_bias == nullptr &&
       a.v_bias == nullptr && tma_store && (a.causal == 0 || a.causal_offset >= 0))
     mode = hopper::kPlainChain;
+  // Short items in sequence (kPlainSeq, D = 64): where every item has at most plan.seq_tiles key
+  // tiles, each tile's S, softmax and P V run one after the other (no first tile of its own, no
+  // trailing P V). The H200's same-process A/B (session 26, fp16; docs/notes/cuda_kernel.md):
+  // one-tile items (S=128) -7 to -8 %, 3-4 tiles (B=8 H=12 S=384 / 512, causal B=4 H=16 S=512)
+  // -7 %, 8 tiles (Sk = 1024, one round or several, causal or not) -2 to -4 %; 16 tiles level to
+  // +1.5 %, 32 tiles +3.5 %: hence 8 (Plan::seq_tiles, OPSFUSE_CUDA_HOPPER_SEQ=N).
+  if (kD == 64 && mode == hopper::kPlain && a.sk_count == nullptr &&
+      a.seq_k <= static_cast<int64_t>(plan.seq_tiles) * Cfg::kBN)
+    mode = hopper::kPlainSeq;
   auto kernel = [&] {
     if constexpr (kD == 256) {
       return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
                                     : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
     } else {
-      auto chain = [] {  // D = 128 only: compiled where it is taken
+      // kPlainChain at D = 128 and kPlainSeq at D = 64 only: each compiled where it is taken.
+      auto chain = [] {
         if constexpr (kD == 128) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainChain>;
+        else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
+      };
+      auto seq = [] {
+        if constexpr (kD == 64) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeq>;
         else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
       };
       return mode == hopper::kPlain        ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
              : mode == hopper::kPlainChain ? chain()
+             : mode == hopper::kPlainSeq   ? seq()
              : mode == hopper::kPlainSplit ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSplit>
              : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
              : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
