@@ -396,6 +396,44 @@ def test_item_chaining(dtype, case, monkeypatch):
                            what=f"item chaining {case} (seed {seed})")
 
 
+SEQ_CASES = {
+    # name: (b, hq, hkv, sq, sk, d, dv), attrs, key_lengths; plain launches at D <= 64 over <= 8 key
+    # tiles of 128: short items in sequence (kPlainSeq)
+    "seed_s128": ((1, 12, 12, 128, 128, 64, 64), {}, None),  # 12 items of one key tile
+    "bert_s512": ((8, 12, 12, 512, 512, 64, 64), {}, None),  # 768 items of 4: a persistent grid
+    "d40_sk1_gqa3": ((2, 6, 2, 97, 1, 40, 40), {}, None),  # one key
+    "causal2_kl": ((3, 10, 5, 200, 450, 64, 64), {"is_causal": 2}, [450, 0, 131]),  # items without keys
+    "seed_s1024": ((1, 12, 12, 1024, 1024, 64, 64), {}, None),  # 96 items of 8 key tiles, one round
+    "causal1_gqa2_sk600": ((2, 8, 4, 600, 600, 64, 64), {"is_causal": 1}, None),  # 1-5 tiles, the last partial
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", sorted(SEQ_CASES))
+def test_short_items_in_sequence(dtype, case, monkeypatch):
+    """Short items in sequence (the Hopper kernel's kPlainSeq, on by default for these launches)
+    against the same launch with the overlapped key loop (OPSFUSE_CUDA_HOPPER_SEQ=0): each key tile's
+    S, softmax and P V only run in another order, so every row sees the same arithmetic and the
+    outputs are bitwise equal, and within the 2x rule. (That kPlainSeq ran is the check driver's to
+    assert: its seq cases fail on any other mode.)"""
+    require_cuda_module()
+    (b, hq, hkv, sq, sk, d, dv), attrs, lengths = SEQ_CASES[case]
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    kl = None if lengths is None else np.asarray(lengths, dtype=np.int32)
+    outs = {}
+    for name, value in (("in_sequence", None), ("overlapped", "0")):
+        with monkeypatch.context() as m:
+            if value is not None:
+                m.setenv("OPSFUSE_CUDA_HOPPER_SEQ", value)
+            outs[name] = run_binding(q, k, v, None, kl, **attrs)
+    np.testing.assert_array_equal(outs["in_sequence"].view(np.uint16), outs["overlapped"].view(np.uint16),
+                                  err_msg=f"in-sequence and overlapped launches differ (seed {seed})")
+    assert np.all(np.isfinite(outs["in_sequence"].astype(np.float64))), f"non-finite output (seed {seed})"
+    assert_within_2x_torch(outs["in_sequence"], q, k, v, None, kl, None, attrs.get("is_causal", 0),
+                           what=f"short items in sequence {case} (seed {seed})")
+
+
 @pytest.mark.parametrize("graph", [False, True], ids=["stream", "graph"])
 @pytest.mark.parametrize("d,causal", [(64, 0), (128, 1)], ids=["d64", "d128_causal"])
 def test_dependent_launches_order_reads_and_writes(d, causal, graph, monkeypatch):

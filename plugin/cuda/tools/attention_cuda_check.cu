@@ -67,6 +67,8 @@ struct Case {
   int chain = 0;     // Hopper cases: 1 = the Hopper pass must have taken item chaining (kPlainChain,
                      // as choose_plan and launch_hopper decide on 132 SMs), and must not have where
                      // OPSFUSE_CUDA_HOPPER_TMA_STORE=0 or _CHAIN=0; 0 = not checked
+  int seq = 0;       // Hopper cases: 1 = the Hopper pass must have taken the in-sequence kernel for
+                     // short items (kPlainSeq), and must not have where OPSFUSE_CUDA_HOPPER_SEQ=0
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -380,6 +382,14 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
                 chain_allowed ? "expected" : "taken although TMA stores or chaining are off");
     ok = false;
   }
+  const bool seq_allowed = env_value("OPSFUSE_CUDA_HOPPER_SEQ") != "0";
+  const bool in_sequence = modes[0] == opsfuse::cuda::detail::hopper::kPlainSeq;
+  if (hopper_expected && c.seq && in_sequence != seq_allowed) {
+    std::printf("FAIL %-28s Hopper mode %d, short items in sequence (%d) %s\n", c.name, modes[0],
+                static_cast<int>(opsfuse::cuda::detail::hopper::kPlainSeq),
+                seq_allowed ? "expected" : "taken although OPSFUSE_CUDA_HOPPER_SEQ=0");
+    ok = false;
+  }
   return ok;
 }
 
@@ -632,6 +642,19 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 chain dynamic causal1", BF, 1, 10, 5, 2100, 2100, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d80/96 chain causal2 gqa2", H, 2, 12, 6, 700, 2100, 80, 96, 2, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 chain quick 270x2048", H, 2, 135, 15, 64, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      // Short items in sequence (kPlainSeq: plain launches at D <= 64 over <= 8 key tiles; the last
+      // field asks that it ran): the seed's S=128 (12 items of one tile); BERT's S=512 in a
+      // persistent grid (768 items of 4 tiles); one key (Sk = 1) with D = 40, GQA 3 and Sq = 97;
+      // causal 2 with key_lengths (items without a key tile) in the dynamic order; 2 key splits
+      // in a cluster (tiles 0-1 and 2-3 of Sk = 500, merged); the seed's S=1024 (96 items of 8
+      // tiles); causal 1 with GQA 2 over 5 key tiles, the last partial (Sk = 600).
+      {"hop f16 d64 seq seed 12x128", H, 1, 12, 12, 128, 128, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d64 seq persistent 8x12x512", BF, 8, 12, 12, 512, 512, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d40 seq Sk1 gqa3", H, 2, 6, 2, 97, 1, 40, 40, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d64 seq dynamic causal2 kl32", BF, 3, 50, 10, 200, 450, 64, 64, 2, 0.f, N, 0, 32, 1, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d64 seq split2 500", H, 1, 4, 4, 300, 500, 64, 64, 0, 0.f, N, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d64 seq seed 12x1024", H, 1, 12, 12, 1024, 1024, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d64 seq causal1 gqa2 600", BF, 2, 8, 4, 600, 600, 64, 64, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       // D = 256 (64-key tiles; masks and softcap through the general scoring; never split, so the
       // requested key splits and tail split are ignored): odd Sk, GQA, both causal alignments,
       // key_lengths (a V tile's tail zeroed), Dv != D both ways, bool / additive / padding masks,
@@ -684,16 +707,17 @@ int main(int argc, char** argv) {
   const bool hopper_expected = false;
 #endif
   // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
-  // key-split cases, a classified padding mask, a small tail split (140 short items) and three
-  // bias cases (key splits, the tail split, softcap's biased copies); the other persistent-grid
-  // cases are too large for racecheck's pace.
+  // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
+  // warpgroup-split and chaining cases, three bias cases (key splits, the tail split, softcap's
+  // biased copies) and the seed's S=128 in sequence (kPlainSeq); the other persistent-grid cases
+  // are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
                                 "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64",
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
-                                "hop f16 d128 chain quick 270x2048"};
+                                "hop f16 d128 chain quick 270x2048", "hop f16 d64 seq seed 12x128"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
