@@ -57,8 +57,20 @@ SEED = [(1, 12, s, 64, torch.float16, 0) for s in (128, 256, 512, 1024, 2048)]
 RATE = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0),
         (8, 12, 512, 64, torch.float16, 0), (4, 16, 4096, 64, torch.float16, 0), (8, 16, 1024, 128, torch.bfloat16, 0),
         (8, 16, 4096, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 1)]
+# short: D = 64 launches of short items (<= 4 key tiles: kPlainSeq, session 26) -- the seed's S=128
+# and 256, BERT's S=128 and 512, S=384, causal S=512 -- and two it leaves alone (S=512 seed: the
+# warpgroup split; S=1024 seed: 8 tiles) as controls
+SHORT = [(1, 12, 128, 64, torch.float16, 0), (1, 12, 256, 64, torch.float16, 0), (8, 12, 128, 64, torch.float16, 0),
+         (8, 12, 384, 64, torch.float16, 0), (8, 12, 512, 64, torch.float16, 0), (4, 16, 512, 64, torch.float16, 1),
+         (1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0)]
+# seqtiles: D = 64 items of 8 and 16 key tiles, one round and several, causal and not: where the
+# in-sequence kernel's limit (OPSFUSE_CUDA_HOPPER_SEQ=N key tiles) should lie
+SEQTILES = [(1, 12, 1024, 64, torch.float16, 0), (2, 16, 1024, 64, torch.float16, 0), (8, 12, 1024, 64, torch.float16, 0),
+            (4, 16, 1024, 64, torch.float16, 1), (1, 12, 2048, 64, torch.float16, 0), (4, 16, 2048, 64, torch.float16, 0),
+            (8, 12, 2048, 64, torch.float16, 1)]
 GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "causal": CAUSAL, "items": ITEMS,
-         "seed": SEED, "rate": RATE}
+         "seed": SEED, "rate": RATE, "short": SHORT,
+         "seqtiles": SEQTILES}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 
