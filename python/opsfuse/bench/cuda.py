@@ -288,20 +288,24 @@ def _sdpa_calls(torch, backend, sets, causal, gqa):
 
 
 def _opsfuse_calls(torch, cuda_mod, sets, causal, impl):
-    """One binding call per input set (each into its own output), with impl's kernel choice (see
-    _kernels_of; a graph keeps the kernel chosen at capture), and the first set's output."""
-    outs = []
+    """One binding call per input set, with impl's kernel choice (see _kernels_of; a graph keeps the
+    kernel chosen at capture), and the first set's output. Each call allocates its output through
+    torch, as the SDPA rows' calls do, so that both meet the same allocator (in a captured graph its
+    pool may hand every call the block the previous call freed); the `out=` row (_OUT_IMPL) writes
+    each set's own preallocated output instead, as the rows did until session 26."""
+    is_causal = 1 if causal else 0
     calls = []
     for q, k, v in sets:
-        y = torch.empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), dtype=q.dtype, device="cuda")
-        outs.append(y)
+        if impl == _OUT_IMPL:
+            y = torch.empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), dtype=q.dtype, device="cuda")
+            calls.append(lambda q=q, k=k, v=v, y=y: cuda_mod.fused_attention(q, k, v, is_causal=is_causal, out=y))
+            continue
 
-        def call(q=q, k=k, v=v, y=y):
+        def call(q=q, k=k, v=v):
             with _kernels_of(impl):
-                cuda_mod.fused_attention(q, k, v, is_causal=1 if causal else 0, out=y)
+                return cuda_mod.fused_attention(q, k, v, is_causal=is_causal)
         calls.append(call)
-    calls[0]()
-    return calls, outs[0]
+    return calls, calls[0]()
 
 
 def _rel_err(torch, out, ref):
@@ -390,7 +394,7 @@ def _kernel_points(torch, cuda_mod, rows, base, sets, ref, causal, gqa, repeat):
             contenders[f"SDPA {name}"] = _sdpa_calls(torch, backend, sets, causal, gqa)
         except Exception as exc:  # noqa: BLE001
             _point(rows, **base, impl=f"SDPA {name}", mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
-    impls = ["opsfuse binding"]
+    impls = ["opsfuse binding", _OUT_IMPL]
     if _hopper_device(torch) and base["dtype"] in ("float16", "bfloat16"):
         # The launcher picks the Hopper kernel here where it covers the case; these rows measure it
         # as a programmatic dependent launch (opt-in: what overlapping one call's start with the
@@ -424,6 +428,7 @@ def _kernel_points(torch, cuda_mod, rows, base, sets, ref, causal, gqa, repeat):
 
 _SM80_IMPL = "opsfuse binding (sm80 kernel)"
 _PDL_IMPL = "opsfuse binding (PDL)"
+_OUT_IMPL = "opsfuse binding (out=)"
 # The launcher switch each variant row sets (plugin/cuda/attention_cuda.cu reads them at every launch).
 _IMPL_SWITCH = {_SM80_IMPL: ("OPSFUSE_CUDA_DISABLE_HOPPER", "1"), _PDL_IMPL: ("OPSFUSE_CUDA_HOPPER_PDL", "1")}
 
@@ -541,13 +546,9 @@ def run_masked(torch, cuda_mod, rows, repeat, quick):
                 _point(rows, **base, impl=f"SDPA {name}", mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
         for impl, m in (("opsfuse binding", mask), ("opsfuse binding, no mask", None)):
             try:
-                outs, calls = [], []
-                for q, k, v in sets:
-                    y = torch.empty_like(q)
-                    outs.append(y)
-                    calls.append(lambda q=q, k=k, v=v, y=y, m=m: cuda_mod.fused_attention(q, k, v, attn_mask=m, out=y))
-                calls[0]()
-                contenders[impl] = (calls, outs[0], m is not None)
+                # Outputs allocated per call, as the SDPA calls' are (see _opsfuse_calls).
+                calls = [lambda q=q, k=k, v=v, m=m: cuda_mod.fused_attention(q, k, v, attn_mask=m) for q, k, v in sets]
+                contenders[impl] = (calls, calls[0](), m is not None)
             except Exception as exc:  # noqa: BLE001
                 _point(rows, **base, impl=impl, mode="kernel", us=None, error=f"{type(exc).__name__}: {exc}")
         times = _time_contenders(torch, rows, base, {n: c[0] for n, c in contenders.items()}, repeat)
@@ -606,6 +607,7 @@ def _summaries(rows):
             ("via ORT", "opsfuse via ORT", ("ORT unfused graph", "ORT MultiHeadAttention", "ORT Attention-23")),
             ("kernel", "opsfuse binding", sdpa),
             ("kernel, PDL", _PDL_IMPL, sdpa),
+            ("kernel, out=", _OUT_IMPL, sdpa),
             ("kernel, sm80 kernel", _SM80_IMPL, sdpa),
         ):
             m = [r for r in rs if r["impl"] == mine]
@@ -683,6 +685,9 @@ def _markdown(meta, rows, summary):
         "(OPSFUSE_CUDA_HOPPER_PDL=1, opt-in: a call's blocks start and set up while the previous call in the "
         "replay ends, and wait for its completion before any global access); `opsfuse binding` is the default, "
         "plain stream order.",
+        "- outputs: every kernel row's call allocates its output through torch, as SDPA's calls do (a captured "
+        "graph's pool may give each call the block the previous one freed); `opsfuse binding (out=)` writes each "
+        "input set's own preallocated output instead (the opsfuse rows' method until session 26).",
         "",
         "## opsfuse against the best peer",
         "",
