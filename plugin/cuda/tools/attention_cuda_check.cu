@@ -68,7 +68,8 @@ struct Case {
                      // as choose_plan and launch_hopper decide on 132 SMs), and must not have where
                      // OPSFUSE_CUDA_HOPPER_TMA_STORE=0 or _CHAIN=0; 0 = not checked
   int seq = 0;       // Hopper cases: 1 = the Hopper pass must have taken the in-sequence kernel for
-                     // short items (kPlainSeq), and must not have where OPSFUSE_CUDA_HOPPER_SEQ=0
+                     // short items (kPlainSeq) where the case's key tiles are within the limit
+                     // (OPSFUSE_CUDA_HOPPER_SEQ=N, else the plan's default), and not beyond it
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -371,25 +372,23 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
                 kinds[1], hopper);
     ok = false;
   }
+  // A case that names a mode must have run in it exactly where the run's switches allow it.
+  auto expect_mode = [&](bool asked, int mode, bool allowed, const char* what, const char* refused) {
+    if (!hopper_expected || !asked || (modes[0] == mode) == allowed) return;
+    std::printf("FAIL %-28s Hopper mode %d, %s (%d) %s\n", c.name, modes[0], what, mode,
+                allowed ? "expected" : refused);
+    ok = false;
+  };
   // Chaining stores each item as the next one starts, through the TMA store's staging: the launcher
   // must not take it where the run asks for register stores or no chaining.
-  const bool chain_allowed =
-      env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && env_value("OPSFUSE_CUDA_HOPPER_CHAIN") != "0";
-  const bool chained = modes[0] == opsfuse::cuda::detail::hopper::kPlainChain;
-  if (hopper_expected && c.chain && chained != chain_allowed) {
-    std::printf("FAIL %-28s Hopper mode %d, item chaining (%d) %s\n", c.name, modes[0],
-                static_cast<int>(opsfuse::cuda::detail::hopper::kPlainChain),
-                chain_allowed ? "expected" : "taken although TMA stores or chaining are off");
-    ok = false;
-  }
-  const bool seq_allowed = env_value("OPSFUSE_CUDA_HOPPER_SEQ") != "0";
-  const bool in_sequence = modes[0] == opsfuse::cuda::detail::hopper::kPlainSeq;
-  if (hopper_expected && c.seq && in_sequence != seq_allowed) {
-    std::printf("FAIL %-28s Hopper mode %d, short items in sequence (%d) %s\n", c.name, modes[0],
-                static_cast<int>(opsfuse::cuda::detail::hopper::kPlainSeq),
-                seq_allowed ? "expected" : "taken although OPSFUSE_CUDA_HOPPER_SEQ=0");
-    ok = false;
-  }
+  expect_mode(c.chain != 0, opsfuse::cuda::detail::hopper::kPlainChain,
+              env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && env_value("OPSFUSE_CUDA_HOPPER_CHAIN") != "0",
+              "item chaining", "taken although TMA stores or chaining are off");
+  // Short items in sequence: up to the limit, OPSFUSE_CUDA_HOPPER_SEQ=N key tiles or the plan's default.
+  const std::string seq_env = env_value("OPSFUSE_CUDA_HOPPER_SEQ");
+  const int seq_limit = seq_env.empty() ? opsfuse::cuda::detail::Plan{}.seq_tiles : std::atoi(seq_env.c_str());
+  expect_mode(c.seq != 0, opsfuse::cuda::detail::hopper::kPlainSeq, (c.Sk + 127) / 128 <= seq_limit,
+              "short items in sequence", "taken beyond OPSFUSE_CUDA_HOPPER_SEQ's limit");
   return ok;
 }
 
