@@ -171,3 +171,47 @@ def test_time_kernels_interleaved_replays_every_implementation_each_round_in_rot
         assert sorted(set(r[j * 10] for j in range(3))) == ["a", "b", "c"]
         assert all(len(set(r[j * 10:(j + 1) * 10])) == 1 for j in range(3))
     assert [i for n, i in log if n == "b"][:10] == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
+
+
+def test_opsfuse_rows_allocate_like_sdpa_and_the_out_row_keeps_one_output_per_set():
+    """The kernel rows' calls allocate their output in the call, as SDPA's do (the same allocator
+    for both); only the `out=` row writes into preallocated outputs, one per input set, each call
+    into its own set's."""
+    from opsfuse.bench import cuda as bench
+
+    class Tensor:
+        def __init__(self, shape, name):
+            self.shape, self.dtype, self.device, self.name = shape, "f16", "dev", name
+
+    class FakeTorch:
+        made = []
+
+        @staticmethod
+        def empty(shape, dtype, device):
+            t = Tensor(shape, f"out{len(FakeTorch.made)}")
+            FakeTorch.made.append(t)
+            return t
+
+    class FakeModule:
+        def __init__(self):
+            self.log = []
+
+        def fused_attention(self, q, k, v, is_causal=0, out=None):
+            self.log.append((q.name, is_causal, out))
+            return out if out is not None else Tensor(q.shape, f"fresh{len(self.log)}")
+
+    sets = [tuple(Tensor((1, 2, 5, 8), f"{x}{i}") for x in "qkv") for i in range(3)]
+    mod = FakeModule()
+    calls, first = bench._opsfuse_calls(FakeTorch, mod, sets, True, "opsfuse binding")
+    for c in calls:
+        c()
+    assert FakeTorch.made == [] and all(out is None for _, _, out in mod.log)
+    assert [q for q, _, _ in mod.log] == ["q0", "q0", "q1", "q2"] and all(c == 1 for _, c, _ in mod.log)
+    assert first.name.startswith("fresh")
+
+    mod = FakeModule()
+    calls, first = bench._opsfuse_calls(FakeTorch, mod, sets, False, bench._OUT_IMPL)
+    for c in reversed(calls):
+        c()
+    assert len(FakeTorch.made) == 3 and first is FakeTorch.made[0]
+    assert [(q, out.name) for q, _, out in mod.log] == [("q0", "out0"), ("q2", "out2"), ("q1", "out1"), ("q0", "out0")]

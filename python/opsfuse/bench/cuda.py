@@ -297,7 +297,7 @@ def _opsfuse_calls(torch, cuda_mod, sets, causal, impl):
     calls = []
     for q, k, v in sets:
         if impl == _OUT_IMPL:
-            y = torch.empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), dtype=q.dtype, device="cuda")
+            y = torch.empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
             calls.append(lambda q=q, k=k, v=v, y=y: cuda_mod.fused_attention(q, k, v, is_causal=is_causal, out=y))
             continue
 
