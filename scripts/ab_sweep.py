@@ -57,9 +57,9 @@ SEED = [(1, 12, s, 64, torch.float16, 0) for s in (128, 256, 512, 1024, 2048)]
 RATE = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0),
         (8, 12, 512, 64, torch.float16, 0), (4, 16, 4096, 64, torch.float16, 0), (8, 16, 1024, 128, torch.bfloat16, 0),
         (8, 16, 4096, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 1)]
-# short: D = 64 launches of short items (<= 4 key tiles: kPlainSeq, session 26) -- the seed's S=128
-# and 256, BERT's S=128 and 512, S=384, causal S=512 -- and two it leaves alone (S=512 seed: the
-# warpgroup split; S=1024 seed: 8 tiles) as controls
+# short: D = 64 launches of items of <= 4 key tiles (kPlainSeq, session 26) -- the seed's S=128 and
+# 256, BERT's S=128 and 512, S=384, causal S=512 -- and the seed's S=512 (the warpgroup split) and
+# S=1024 (8 tiles), which the first limit (4 tiles) left alone, as controls
 SHORT = [(1, 12, 128, 64, torch.float16, 0), (1, 12, 256, 64, torch.float16, 0), (8, 12, 128, 64, torch.float16, 0),
          (8, 12, 384, 64, torch.float16, 0), (8, 12, 512, 64, torch.float16, 0), (4, 16, 512, 64, torch.float16, 1),
          (1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0)]
