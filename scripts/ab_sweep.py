@@ -68,9 +68,13 @@ SHORT = [(1, 12, 128, 64, torch.float16, 0), (1, 12, 256, 64, torch.float16, 0),
 SEQTILES = [(1, 12, 1024, 64, torch.float16, 0), (2, 16, 1024, 64, torch.float16, 0), (8, 12, 1024, 64, torch.float16, 0),
             (4, 16, 1024, 64, torch.float16, 1), (1, 12, 2048, 64, torch.float16, 0), (4, 16, 2048, 64, torch.float16, 0),
             (8, 12, 2048, 64, torch.float16, 1)]
+# seq128: D = 128 launches of items of <= 8 key tiles (kPlainSeq at D = 128, session 27,
+# OPSFUSE_CUDA_HOPPER_SEQ_D128=N): issue 7's S=1024 points, 4-tile items, a one-round launch, fp16 causal
+SEQ128 = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 512, 128, torch.bfloat16, 0),
+          (1, 16, 1024, 128, torch.bfloat16, 0), (4, 32, 512, 128, torch.float16, 1), (8, 16, 256, 128, torch.float16, 0)]
 GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "causal": CAUSAL, "items": ITEMS,
          "seed": SEED, "rate": RATE, "short": SHORT,
-         "seqtiles": SEQTILES}
+         "seqtiles": SEQTILES, "seq128": SEQ128}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 

@@ -97,6 +97,7 @@ enum class Switch : int {
   kHopperChain,         // OPSFUSE_CUDA_HOPPER_CHAIN
   kHopperPdl,           // OPSFUSE_CUDA_HOPPER_PDL
   kHopperSeq,           // OPSFUSE_CUDA_HOPPER_SEQ
+  kHopperSeqD128,       // OPSFUSE_CUDA_HOPPER_SEQ_D128
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -160,6 +161,7 @@ struct Plan {
   bool pdl = false;            // kHopper: a programmatic dependent launch (launch_hopper)
   int seq_tiles = 8;           // kHopper: plain launches at D <= 64 over <= this many key tiles run them in
                                // sequence (kPlainSeq, launch_hopper); 0 never
+  int seq_tiles_d128 = 0;      // the same at D = 128 (off by default: an A/B knob)
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
   bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };

@@ -397,7 +397,7 @@ def test_item_chaining(dtype, case, monkeypatch):
 
 
 SEQ_CASES = {
-    # name: (b, hq, hkv, sq, sk, d, dv), attrs, key_lengths; plain launches at D <= 64 over <= 8 key
+    # name: (b, hq, hkv, sq, sk, d, dv), attrs, key_lengths; plain launches at D <= 128 over <= 8 key
     # tiles of 128: short items in sequence (kPlainSeq)
     "seed_s128": ((1, 12, 12, 128, 128, 64, 64), {}, None),  # 12 items of one key tile
     "bert_s512": ((8, 12, 12, 512, 512, 64, 64), {}, None),  # 768 items of 4: a persistent grid
@@ -405,6 +405,10 @@ SEQ_CASES = {
     "causal2_kl": ((3, 10, 5, 200, 450, 64, 64), {"is_causal": 2}, [450, 0, 131]),  # items without keys
     "seed_s1024": ((1, 12, 12, 1024, 1024, 64, 64), {}, None),  # 96 items of 8 key tiles, one round
     "causal1_gqa2_sk600": ((2, 8, 4, 600, 600, 64, 64), {"is_causal": 1}, None),  # 1-5 tiles, the last partial
+    # D = 128 (OPSFUSE_CUDA_HOPPER_SEQ_D128): the lazy rescale's kernels
+    "d128_s1024": ((2, 8, 8, 1024, 1024, 128, 128), {}, None),  # 128 items of 8 key tiles
+    "d128_causal1_gqa2_sk600": ((2, 8, 4, 600, 600, 128, 128), {"is_causal": 1}, None),
+    "d96_kl_sk200": ((2, 4, 4, 300, 200, 96, 96), {}, [200, 1]),  # D = 96 in the 128 bucket, one key
 }
 
 
@@ -426,6 +430,7 @@ def test_short_items_in_sequence(dtype, case, monkeypatch):
         with monkeypatch.context() as m:
             if value is not None:
                 m.setenv("OPSFUSE_CUDA_HOPPER_SEQ", value)
+            m.setenv("OPSFUSE_CUDA_HOPPER_SEQ_D128", value or "8")
             outs[name] = run_binding(q, k, v, None, kl, **attrs)
     np.testing.assert_array_equal(outs["in_sequence"].view(np.uint16), outs["overlapped"].view(np.uint16),
                                   err_msg=f"in-sequence and overlapped launches differ (seed {seed})")

@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kSplitWG = kMode == kPlainSplit;
   constexpr bool kChain = kMode == kPlainChain;
   constexpr bool kSeq = kMode == kPlainSeq;
-  static_assert(!kSeq || kD == 64, "kPlainSeq: measured and compiled at D = 64 only");
+  static_assert(!kSeq || kD <= 128, "kPlainSeq: compiled at D = 64 and 128 only");
   constexpr bool kPlainScores = kMode == kPlain || kChain || kSeq;  // no mask, no softcap, 128-row items
   constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
@@ -1367,7 +1367,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (it == my_last && lane == 0) mbar_arrive(bar_qempty(round));
             turn_wait();
             softmax(it, variant, std::false_type{});
-            rescale_o();
+            if (!kLazy || rescale_due) rescale_o();
             pack_into(p);
             turn_pass(it == my_last);
             mbar_wait(bar_vfull(st), parity_of(it));
@@ -1706,8 +1706,9 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // one-tile items (S=128) -7 to -8 %, 3-4 tiles (B=8 H=12 S=384 / 512, causal B=4 H=16 S=512)
   // -7 %, 8 tiles (Sk = 1024, one round or several, causal or not) -2 to -4 %; 16 tiles level to
   // +1.5 %, 32 tiles +3.5 %: hence 8 (Plan::seq_tiles, OPSFUSE_CUDA_HOPPER_SEQ=N).
-  if (kD == 64 && mode == hopper::kPlain && a.sk_count == nullptr &&
-      a.seq_k <= static_cast<int64_t>(plan.seq_tiles) * Cfg::kBN)
+  const int seq_tiles = kD == 64 ? plan.seq_tiles : kD == 128 ? plan.seq_tiles_d128 : 0;
+  if (seq_tiles > 0 && mode == hopper::kPlain && a.sk_count == nullptr &&
+      a.seq_k <= static_cast<int64_t>(seq_tiles) * Cfg::kBN)
     mode = hopper::kPlainSeq;
   auto kernel = [&] {
     if constexpr (kD == 256) {
@@ -1720,7 +1721,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
         else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
       };
       auto seq = [] {
-        if constexpr (kD == 64) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeq>;
+        if constexpr (kD <= 128) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeq>;
         else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
       };
       return mode == hopper::kPlain        ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
