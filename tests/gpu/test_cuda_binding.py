@@ -41,6 +41,28 @@ def check(q, k, v, attn_mask=None, key_lengths=None, seed=None, **attrs):
                            attrs.get("softcap", 0.0), what=f"cuda binding (seed {seed})")
 
 
+def outputs_under(monkeypatch, envs, *args, **attrs):
+    """run_binding(*args, **attrs) once per named environment ({variable: value}, set for that run
+    only): the same launch under each of a switch's settings."""
+    outs = {}
+    for name, env in envs.items():
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            outs[name] = run_binding(*args, **attrs)
+    return outs
+
+
+def assert_same_bits(outs, seed):
+    """Every output bitwise equal to the first one, and finite: launches that only reorder the same
+    arithmetic (which block, which step) must give the same bits."""
+    names = list(outs)
+    for name in names[1:]:
+        np.testing.assert_array_equal(outs[name].view(np.uint16), outs[names[0]].view(np.uint16),
+                                      err_msg=f"{name} and {names[0]} launches differ (seed {seed})")
+    assert np.all(np.isfinite(outs[names[0]].astype(np.float64))), f"non-finite output (seed {seed})"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("d", [40, 64, 80, 96, 128, 256])
 @pytest.mark.parametrize("sq,sk", [(1, 1), (1, 1025), (97, 97), (1025, 97), (7, 1025), (1025, 1025)])
@@ -345,13 +367,8 @@ def test_warpgroup_key_split(dtype, case, monkeypatch):
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
     hopper = hopper_kernel_runs()
-    outs = {}
     monkeypatch.setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1")
-    for name, value in (("split", None), ("whole", "0")):
-        with monkeypatch.context() as m:
-            if value is not None:
-                m.setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", value)
-            outs[name] = run_binding(q, k, v)
+    outs = outputs_under(monkeypatch, {"split": {}, "whole": {"OPSFUSE_CUDA_HOPPER_WG_SPLIT": "0"}}, q, k, v)
     for name, out in outs.items():
         assert np.all(np.isfinite(out.astype(np.float64))), f"{name}: non-finite output (seed {seed})"
         assert_within_2x_torch(out, q, k, v, what=f"{name} {case} (seed {seed})")
@@ -383,15 +400,9 @@ def test_item_chaining(dtype, case, monkeypatch):
     (b, hq, hkv, sq, sk, d, dv), attrs = CHAIN_CASES[case]
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
-    outs = {}
-    for name, value in (("chained", None), ("per_item", "0")):
-        with monkeypatch.context() as m:
-            if value is not None:
-                m.setenv("OPSFUSE_CUDA_HOPPER_CHAIN", value)
-            outs[name] = run_binding(q, k, v, **attrs)
-    np.testing.assert_array_equal(outs["chained"].view(np.uint16), outs["per_item"].view(np.uint16),
-                                  err_msg=f"chained and per-item launches differ (seed {seed})")
-    assert np.all(np.isfinite(outs["chained"].astype(np.float64))), f"non-finite output (seed {seed})"
+    envs = {"chained": {}, "per_item": {"OPSFUSE_CUDA_HOPPER_CHAIN": "0"}}
+    outs = outputs_under(monkeypatch, envs, q, k, v, **attrs)
+    assert_same_bits(outs, seed)
     assert_within_2x_torch(outs["chained"], q, k, v, None, None, None, attrs.get("is_causal", 0),
                            what=f"item chaining {case} (seed {seed})")
 
@@ -425,16 +436,10 @@ def test_short_items_in_sequence(dtype, case, monkeypatch):
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
     kl = None if lengths is None else np.asarray(lengths, dtype=np.int32)
-    outs = {}
-    for name, value in (("in_sequence", None), ("overlapped", "0")):
-        with monkeypatch.context() as m:
-            if value is not None:
-                m.setenv("OPSFUSE_CUDA_HOPPER_SEQ", value)
-            m.setenv("OPSFUSE_CUDA_HOPPER_SEQ_D128", value or "8")
-            outs[name] = run_binding(q, k, v, None, kl, **attrs)
-    np.testing.assert_array_equal(outs["in_sequence"].view(np.uint16), outs["overlapped"].view(np.uint16),
-                                  err_msg=f"in-sequence and overlapped launches differ (seed {seed})")
-    assert np.all(np.isfinite(outs["in_sequence"].astype(np.float64))), f"non-finite output (seed {seed})"
+    envs = {"in_sequence": {"OPSFUSE_CUDA_HOPPER_SEQ_D128": "8"},  # D = 128's limit is 0 unless set
+            "overlapped": {"OPSFUSE_CUDA_HOPPER_SEQ": "0", "OPSFUSE_CUDA_HOPPER_SEQ_D128": "0"}}
+    outs = outputs_under(monkeypatch, envs, q, k, v, None, kl, **attrs)
+    assert_same_bits(outs, seed)
     assert_within_2x_torch(outs["in_sequence"], q, k, v, None, kl, None, attrs.get("is_causal", 0),
                            what=f"short items in sequence {case} (seed {seed})")
 
