@@ -72,9 +72,14 @@ SEQTILES = [(1, 12, 1024, 64, torch.float16, 0), (2, 16, 1024, 64, torch.float16
 # OPSFUSE_CUDA_HOPPER_SEQ_D128=N): issue 7's S=1024 points, 4-tile items, a one-round launch, fp16 causal
 SEQ128 = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 512, 128, torch.bfloat16, 0),
           (1, 16, 1024, 128, torch.bfloat16, 0), (4, 32, 512, 128, torch.float16, 1), (8, 16, 256, 128, torch.float16, 0)]
+# short128: D = 128 launches of items of <= 4 key tiles (the limit chosen from seq128): one round and
+# several, 1 to 4 tiles, causal and not; S=1024 as the control beyond the limit
+SHORT128 = [(1, 16, 512, 128, torch.bfloat16, 0), (8, 16, 512, 128, torch.bfloat16, 0), (8, 16, 384, 128, torch.float16, 0),
+            (8, 32, 256, 128, torch.bfloat16, 0), (16, 32, 128, 128, torch.float16, 0), (4, 32, 512, 128, torch.float16, 1),
+            (8, 16, 1024, 128, torch.bfloat16, 0)]
 GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "causal": CAUSAL, "items": ITEMS,
          "seed": SEED, "rate": RATE, "short": SHORT,
-         "seqtiles": SEQTILES, "seq128": SEQ128}
+         "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 

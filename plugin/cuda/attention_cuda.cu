@@ -43,7 +43,7 @@
 //                                  model (docs/notes/cuda_kernel.md, session 25).
 //   OPSFUSE_CUDA_HOPPER_SEQ=N      (A/B, tests) plain launches at D <= 64 over <= N key tiles run
 //                                  them in sequence (kPlainSeq, launch_hopper; default 8); 0 never.
-//   OPSFUSE_CUDA_HOPPER_SEQ_D128=N (A/B, tests) the same at D = 128 (default 0: never).
+//   OPSFUSE_CUDA_HOPPER_SEQ_D128=N (A/B, tests) the same at D = 128 (default 4); 0 never.
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable

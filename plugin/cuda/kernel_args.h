@@ -161,7 +161,7 @@ struct Plan {
   bool pdl = false;            // kHopper: a programmatic dependent launch (launch_hopper)
   int seq_tiles = 8;           // kHopper: plain launches at D <= 64 over <= this many key tiles run them in
                                // sequence (kPlainSeq, launch_hopper); 0 never
-  int seq_tiles_d128 = 0;      // the same at D = 128 (off by default: an A/B knob)
+  int seq_tiles_d128 = 4;      // the same at D = 128 (OPSFUSE_CUDA_HOPPER_SEQ_D128)
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
   bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };

@@ -416,7 +416,7 @@ SEQ_CASES = {
     "causal2_kl": ((3, 10, 5, 200, 450, 64, 64), {"is_causal": 2}, [450, 0, 131]),  # items without keys
     "seed_s1024": ((1, 12, 12, 1024, 1024, 64, 64), {}, None),  # 96 items of 8 key tiles, one round
     "causal1_gqa2_sk600": ((2, 8, 4, 600, 600, 64, 64), {"is_causal": 1}, None),  # 1-5 tiles, the last partial
-    # D = 128 (OPSFUSE_CUDA_HOPPER_SEQ_D128): the lazy rescale's kernels
+    # D = 128 (OPSFUSE_CUDA_HOPPER_SEQ_D128=8 forces the 8-tile case): the lazy rescale's kernels
     "d128_s1024": ((2, 8, 8, 1024, 1024, 128, 128), {}, None),  # 128 items of 8 key tiles
     "d128_causal1_gqa2_sk600": ((2, 8, 4, 600, 600, 128, 128), {"is_causal": 1}, None),
     "d96_kl_sk200": ((2, 4, 4, 300, 200, 96, 96), {}, [200, 1]),  # D = 96 in the 128 bucket, one key
@@ -436,7 +436,7 @@ def test_short_items_in_sequence(dtype, case, monkeypatch):
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
     kl = None if lengths is None else np.asarray(lengths, dtype=np.int32)
-    envs = {"in_sequence": {"OPSFUSE_CUDA_HOPPER_SEQ_D128": "8"},  # D = 128's limit is 0 unless set
+    envs = {"in_sequence": {"OPSFUSE_CUDA_HOPPER_SEQ_D128": "8"},  # D = 128: beyond its default 4
             "overlapped": {"OPSFUSE_CUDA_HOPPER_SEQ": "0", "OPSFUSE_CUDA_HOPPER_SEQ_D128": "0"}}
     outs = outputs_under(monkeypatch, envs, q, k, v, None, kl, **attrs)
     assert_same_bits(outs, seed)

@@ -1700,12 +1700,15 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       plan.cluster == 1 && a.sk_count == nullptr && a.key_lengths == nullptr && a.q_bias == nullptr &&
       a.v_bias == nullptr && tma_store && (a.causal == 0 || a.causal_offset >= 0))
     mode = hopper::kPlainChain;
-  // Short items in sequence (kPlainSeq, D = 64): where every item has at most plan.seq_tiles key
+  // Short items in sequence (kPlainSeq, D <= 128): where every item has at most plan.seq_tiles key
   // tiles, each tile's S, softmax and P V run one after the other (no first tile of its own, no
   // trailing P V). The H200's same-process A/B (session 26, fp16; docs/notes/cuda_kernel.md):
   // one-tile items (S=128) -7 to -8 %, 3-4 tiles (B=8 H=12 S=384 / 512, causal B=4 H=16 S=512)
   // -7 %, 8 tiles (Sk = 1024, one round or several, causal or not) -2 to -4 %; 16 tiles level to
-  // +1.5 %, 32 tiles +3.5 %: hence 8 (Plan::seq_tiles, OPSFUSE_CUDA_HOPPER_SEQ=N).
+  // +1.5 %, 32 tiles +3.5 %: hence 8 (Plan::seq_tiles, OPSFUSE_CUDA_HOPPER_SEQ=N). At D = 128, whose
+  // tile is tensor-bound and keeps its own S / P V overlap in kPlain (session 27, bf16 / fp16):
+  // 2-tile items -6.5 %, 4 tiles -3 %, causal over 1-4 tiles -3 %, but causal over 1-8 level and
+  // 8 tiles +3 to +7 %: hence 4 (Plan::seq_tiles_d128, OPSFUSE_CUDA_HOPPER_SEQ_D128=N).
   const int seq_tiles = kD == 64 ? plan.seq_tiles : kD == 128 ? plan.seq_tiles_d128 : 0;
   if (seq_tiles > 0 && mode == hopper::kPlain && a.sk_count == nullptr &&
       a.seq_k <= static_cast<int64_t>(seq_tiles) * Cfg::kBN)

@@ -25,11 +25,11 @@ namespace opsfuse::cuda::detail::hopper {
 //             (item chaining): the step that takes an item's first tile pairs its S product with
 //             the previous item's last P V, and stores that item after the P V wait, so that no
 //             item boundary leaves the tensor cores without a queued product (see the key loop).
-//  kPlainSeq  kPlain's scoring at D = 64 with each key tile's work in sequence: S, the softmax
-//             (with O's rescale, the sums and P's packing; the pingpong's turn around it), then
-//             P V, waited for before the next tile. No first tile of its own and no trailing
+//  kPlainSeq  kPlain's scoring at D = 64 and 128 with each key tile's work in sequence: S, the
+//             softmax (with O's rescale, the sums and P's packing; the pingpong's turn around it),
+//             then P V, waited for before the next tile. No first tile of its own and no trailing
 //             P V: a smaller kernel, faster on short items (launch_hopper: <= 8 key tiles by
-//             default); on longer ones kPlain's overlapped step is faster.
+//             default at D = 64, <= 4 at D = 128); on longer ones kPlain's overlapped step is faster.
 enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3, kPlainSplit = 4, kPlainChain = 5, kPlainSeq = 6 };
 constexpr int kModes = 7;
 

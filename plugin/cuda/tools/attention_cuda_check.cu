@@ -384,11 +384,14 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   expect_mode(c.chain != 0, opsfuse::cuda::detail::hopper::kPlainChain,
               env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && env_value("OPSFUSE_CUDA_HOPPER_CHAIN") != "0",
               "item chaining", "taken although TMA stores or chaining are off");
-  // Short items in sequence: up to the limit, OPSFUSE_CUDA_HOPPER_SEQ=N key tiles or the plan's default.
-  const std::string seq_env = env_value("OPSFUSE_CUDA_HOPPER_SEQ");
-  const int seq_limit = seq_env.empty() ? opsfuse::cuda::detail::Plan{}.seq_tiles : std::atoi(seq_env.c_str());
+  // Short items in sequence: up to the limit of the case's head-size bucket, OPSFUSE_CUDA_HOPPER_SEQ=N
+  // (D <= 64) or _SEQ_D128=N (D <= 128) key tiles, else the plan's default.
+  const bool wide = std::max(c.D, c.Dv) > 64;
+  const std::string seq_env = env_value(wide ? "OPSFUSE_CUDA_HOPPER_SEQ_D128" : "OPSFUSE_CUDA_HOPPER_SEQ");
+  const opsfuse::cuda::detail::Plan defaults{};
+  const int seq_limit = !seq_env.empty() ? std::atoi(seq_env.c_str()) : wide ? defaults.seq_tiles_d128 : defaults.seq_tiles;
   expect_mode(c.seq != 0, opsfuse::cuda::detail::hopper::kPlainSeq, (c.Sk + 127) / 128 <= seq_limit,
-              "short items in sequence", "taken beyond OPSFUSE_CUDA_HOPPER_SEQ's limit");
+              "short items in sequence", "taken beyond the OPSFUSE_CUDA_HOPPER_SEQ(_D128) limit");
   return ok;
 }
 
@@ -654,6 +657,12 @@ int main(int argc, char** argv) {
       {"hop f16 d64 seq split2 500", H, 1, 4, 4, 300, 500, 64, 64, 0, 0.f, N, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1},
       {"hop f16 d64 seq seed 12x1024", H, 1, 12, 12, 1024, 1024, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d64 seq causal1 gqa2 600", BF, 2, 8, 4, 600, 600, 64, 64, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      // At D = 128 (<= 4 key tiles by default): a persistent grid of 160 items of 4 tiles; D = 96
+      // with causal 1 and GQA 2 over 3 tiles, the last partial; key_lengths over Sk = 257 (the
+      // third tile one key).
+      {"hop bf16 d128 seq persistent 40x512", BF, 1, 40, 40, 512, 512, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d96 seq causal1 gqa2 300", H, 2, 8, 4, 300, 300, 96, 96, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 seq kl32 257", H, 3, 4, 4, 130, 257, 128, 128, 0, 0.f, N, 0, 32, 0, 0, 0, 0, 0, 0, 0, 1},
       // D = 256 (64-key tiles; masks and softcap through the general scoring; never split, so the
       // requested key splits and tail split are ignored): odd Sk, GQA, both causal alignments,
       // key_lengths (a V tile's tail zeroed), Dv != D both ways, bool / additive / padding masks,
@@ -708,7 +717,7 @@ int main(int argc, char** argv) {
   // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
   // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
   // warpgroup-split and chaining cases, three bias cases (key splits, the tail split, softcap's
-  // biased copies) and the seed's S=128 in sequence (kPlainSeq); the other persistent-grid cases
+  // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq); the other persistent-grid cases
   // are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
@@ -716,7 +725,8 @@ int main(int argc, char** argv) {
                                 "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64",
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
-                                "hop f16 d128 chain quick 270x2048", "hop f16 d64 seq seed 12x128"};
+                                "hop f16 d128 chain quick 270x2048", "hop f16 d64 seq seed 12x128",
+                                "hop f16 d96 seq causal1 gqa2 300"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
