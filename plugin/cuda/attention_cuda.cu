@@ -187,11 +187,18 @@ Switches read_switches() {
   return true;
 }
 
+bool hopper_wg_split(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan, const Switches& sw);
+
 // Whether the Hopper kernel (hopper/hopper_fwd.cuh) covers a launch whose portable plan is `plan`:
 // compiled in, a compute capability 9.0 device, not disabled, float16/bfloat16, any bucket (64, 128
-// or 256; TMA zero-fills the columns beyond D / Dv, so e.g. D = 40 or Dv != D run too),
-// a prefill plan without a KV split (decode shapes, and small grids with long key sequences where
-// the portable kernel splits the keys, keep the portable kernels), TMA-addressable Q/K/V.
+// or 256; TMA zero-fills the columns beyond D / Dv, so e.g. D = 40 or Dv != D run too), a prefill
+// plan, TMA-addressable Q/K/V. Where the portable plan splits the keys (a grid of <= half the SMs
+// in blocks, >= 8 key tiles), the Hopper kernel takes the launch unsplit only if its own items (64
+// rows where the warpgroup split takes them, else 128) fill at least a third of the SMs: its
+// per-SM rate is >= 3x the portable kernel's (the benchmark's sm80 rows: 0.26-0.31x cuDNN against
+// 0.95-1.1x), and on the H200 (session 27) 64-128 such items ran 1.7-3x faster than the portable
+// split (B=1 H=16 S=512 D=128 12.2 against 36.5 µs, cuDNN 13.2). Fewer items (short query blocks
+// over long keys) keep the portable split, which spreads the keys over every SM.
 bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan, const Switches& sw) {
 #ifndef OPSFUSE_CUDA_HOPPER
   (void)p, (void)dev, (void)plan, (void)sw;
@@ -206,7 +213,10 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
       !tma_layout_ok(p.v, p.v_stride, p.batch, p.heads_kv, p.seq_k))
     return false;
   if (sw.is(Switch::kDisableHopper, '1')) return false;
-  return plan.num_splits == 1 || sw.is(Switch::kForceHopper, '1');
+  if (plan.num_splits == 1 || sw.is(Switch::kForceHopper, '1')) return true;
+  const int rows_per_item = hopper_wg_split(p, dev, plan, sw) ? 64 : 128;
+  const int64_t items = static_cast<int64_t>(ceil_div(p.seq_q, rows_per_item)) * p.batch * p.heads_q;
+  return 3 * items >= dev.sms;
 #endif
 }
 
