@@ -198,7 +198,7 @@ bool hopper_wg_split(const AttentionParams& p, const DeviceInfo& dev, const Plan
 // per-SM rate is >= 3x the portable kernel's (the benchmark's sm80 rows: 0.26-0.31x cuDNN against
 // 0.95-1.1x), and on the H200 (session 27) 64-128 such items ran 1.7-3x faster than the portable
 // split (B=1 H=16 S=512 D=128 12.2 against 36.5 µs, cuDNN 13.2). Fewer items (short query blocks
-// over long keys) keep the portable split, which spreads the keys over every SM.
+// over long keys) keep the portable split, which spreads the keys over every SM; so does D = 256.
 bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan, const Switches& sw) {
 #ifndef OPSFUSE_CUDA_HOPPER
   (void)p, (void)dev, (void)plan, (void)sw;
@@ -214,6 +214,7 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
     return false;
   if (sw.is(Switch::kDisableHopper, '1')) return false;
   if (plan.num_splits == 1 || sw.is(Switch::kForceHopper, '1')) return true;
+  if (plan.bucket > 128) return false;  // D = 256: not measured against the portable split
   const int rows_per_item = hopper_wg_split(p, dev, plan, sw) ? 64 : 128;
   const int64_t items = static_cast<int64_t>(ceil_div(p.seq_q, rows_per_item)) * p.batch * p.heads_q;
   return 3 * items >= dev.sms;
