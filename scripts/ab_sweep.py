@@ -78,9 +78,9 @@ SHORT128 = [(1, 16, 512, 128, torch.bfloat16, 0), (8, 16, 512, 128, torch.bfloat
             (8, 32, 256, 128, torch.bfloat16, 0), (16, 32, 128, 128, torch.float16, 0), (4, 32, 512, 128, torch.float16, 1),
             (8, 16, 1024, 128, torch.bfloat16, 0)]
 # probe128: small D <= 128 grids whose portable plan splits the keys (<= 66 blocks of 128 rows at
-# D = 128, of 64 rows at D = 64, and >= 8 key tiles of 64), which hopper_eligible() leaves to the
-# portable kernel; B=1 H=16 S=512 D=128 read 37 µs against cuDNN's 13.6 (session 27). A/B with
-# OPSFUSE_CUDA_FORCE_HOPPER=1; the first line and S=256 (the Hopper kernel already) are controls.
+# D = 128, of 64 rows at D = 64, and >= 8 key tiles of 64), which hopper_eligible() left to the
+# portable kernel until session 27 (B=1 H=16 S=512 D=128 read 37 µs against cuDNN's 13.6; A/B'd
+# then with OPSFUSE_CUDA_FORCE_HOPPER=1, now the default's); the first line and S=256 are controls.
 PROBE128 = [(8, 16, 1024, 128, torch.bfloat16, 0), (1, 16, 512, 128, torch.bfloat16, 0), (1, 16, 512, 128, torch.float16, 0),
             (1, 8, 1024, 128, torch.bfloat16, 0), (1, 4, 2048, 128, torch.bfloat16, 0), (1, 2, 4096, 128, torch.bfloat16, 0),
             (1, 4, 1024, 64, torch.float16, 0), (1, 16, 512, 128, torch.bfloat16, 1), (1, 8, 2048, 128, torch.bfloat16, 1),

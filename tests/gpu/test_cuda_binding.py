@@ -426,8 +426,9 @@ SEQ_CASES = {
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", sorted(SEQ_CASES))
 def test_short_items_in_sequence(dtype, case, monkeypatch):
-    """Short items in sequence (the Hopper kernel's kPlainSeq, on by default for these launches)
-    against the same launch with the overlapped key loop (OPSFUSE_CUDA_HOPPER_SEQ=0): each key tile's
+    """Short items in sequence (the Hopper kernel's kPlainSeq: by default for these launches, and
+    forced for the 8-tile D = 128 one with OPSFUSE_CUDA_HOPPER_SEQ_D128=8) against the same launch
+    with the overlapped key loop (OPSFUSE_CUDA_HOPPER_SEQ=0, _SEQ_D128=0): each key tile's
     S, softmax and P V only run in another order, so every row sees the same arithmetic and the
     outputs are bitwise equal, and within the 2x rule. (That kPlainSeq ran is the check driver's to
     assert: its seq cases fail on any other mode.)"""
