@@ -193,12 +193,13 @@ bool hopper_wg_split(const AttentionParams& p, const DeviceInfo& dev, const Plan
 // compiled in, a compute capability 9.0 device, not disabled, float16/bfloat16, any bucket (64, 128
 // or 256; TMA zero-fills the columns beyond D / Dv, so e.g. D = 40 or Dv != D run too), a prefill
 // plan, TMA-addressable Q/K/V. Where the portable plan splits the keys (a grid of <= half the SMs
-// in blocks, >= 8 key tiles), the Hopper kernel takes the launch unsplit only if its own items (64
-// rows where the warpgroup split takes them, else 128) fill at least a third of the SMs: its
+// in blocks, >= 8 key tiles), the Hopper kernel takes the launch unsplit only if its query rows
+// fill items (64 rows where the warpgroup split takes them, else 128) for a third of the SMs: its
 // per-SM rate is >= 3x the portable kernel's (the benchmark's sm80 rows: 0.26-0.31x cuDNN against
 // 0.95-1.1x), and on the H200 (session 27) 64-128 such items ran 1.7-3x faster than the portable
 // split (B=1 H=16 S=512 D=128 12.2 against 36.5 µs, cuDNN 13.2). Fewer items (short query blocks
-// over long keys) keep the portable split, which spreads the keys over every SM; so does D = 256.
+// over long keys) keep the portable split, which spreads the keys over every SM. (At D = 256 the
+// portable blocks hold 64 rows, so it splits only grids of <= 33 Hopper items: never taken there.)
 bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan, const Switches& sw) {
 #ifndef OPSFUSE_CUDA_HOPPER
   (void)p, (void)dev, (void)plan, (void)sw;
@@ -214,10 +215,11 @@ bool hopper_eligible(const AttentionParams& p, const DeviceInfo& dev, const Plan
     return false;
   if (sw.is(Switch::kDisableHopper, '1')) return false;
   if (plan.num_splits == 1 || sw.is(Switch::kForceHopper, '1')) return true;
-  if (plan.bucket > 128) return false;  // D = 256: not measured against the portable split
+  // Items counted by the query rows they hold: a head of 32 rows fills a quarter of a 128-row item
+  // but takes as long as a full one (GQA groups are not packed into the Hopper kernel's items).
   const int rows_per_item = hopper_wg_split(p, dev, plan, sw) ? 64 : 128;
-  const int64_t items = static_cast<int64_t>(ceil_div(p.seq_q, rows_per_item)) * p.batch * p.heads_q;
-  return 3 * items >= dev.sms;
+  const int64_t rows = static_cast<int64_t>(p.seq_q) * p.batch * p.heads_q;
+  return 3 * rows >= static_cast<int64_t>(dev.sms) * rows_per_item;
 #endif
 }
 
@@ -756,6 +758,32 @@ size_t workspace_size(const AttentionParams& p) {
   // The chosen plan and the portable one that a TMA refusal falls back to (see the top).
   return std::max(workspace_need(plan_launch(p, dev, sw, /*allow_hopper=*/true)),
                   workspace_need(plan_launch(p, dev, sw, /*allow_hopper=*/false)));
+}
+
+bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, PlanSummary* out) {
+  g_last_error = check_params(p);
+  if (!g_last_error.empty()) return false;
+  DeviceInfo dev;
+  dev.sms = sms;
+  dev.smem_per_sm = smem_per_sm;
+  dev.cc = cc;
+  const Plan plan = plan_launch(p, dev, read_switches(), /*allow_hopper=*/true).plan;
+  static constexpr const char* kKinds[] = {"tensor_core", "tensor_core_decode", "float32", "hopper", "hopper_decode"};
+  PlanSummary r;
+  r.kernel = kKinds[static_cast<int>(plan.kind)];
+  r.bucket = plan.bucket;
+  r.block_m = plan.block_m;
+  r.num_splits = plan.num_splits;
+  r.cluster = plan.cluster;
+  r.persistent = plan.persistent;
+  r.sched_heads = plan.sched_heads;
+  r.wg_split = plan.wg_split;
+  r.stream_k = plan.stream_k;
+#ifdef OPSFUSE_CUDA_HOPPER
+  r.hopper_compiled = true;
+#endif
+  *out = r;
+  return true;
 }
 
 namespace {

@@ -29,6 +29,25 @@ Status launch(const AttentionParams& p, void* workspace, size_t workspace_bytes,
 using ScratchAlloc = void* (*)(void* ctx, size_t bytes);
 Status launch(const AttentionParams& p, ScratchAlloc alloc, void* alloc_ctx, void* stream);
 
+// The plan the launcher would make for `p` on a device of `sms` multiprocessors with `smem_per_sm`
+// bytes of shared memory each and compute capability `cc` (major * 10 + minor), under this
+// process's OPSFUSE_CUDA_* switches: so that the heuristic can be tested where no such GPU exists
+// (no CUDA call is made for prefill shapes; decode shapes ask the local device how many clusters
+// fit, which is none without one). False (last_error_message() says why) for invalid `p`.
+struct PlanSummary {
+  const char* kernel = "";  // "tensor_core", "tensor_core_decode", "float32", "hopper", "hopper_decode"
+  int bucket = 0;           // compiled head size D and Dv are rounded up to
+  int block_m = 0;          // query rows per block (64 with the Hopper warpgroup key split)
+  int num_splits = 1;       // key splits merged by a combine pass (portable kernels)
+  int cluster = 1;          // Hopper: key splits per cluster, or 2 = the tail split of a persistent grid
+  int persistent = 0;       // Hopper: blocks of a persistent grid (0: one block per item)
+  int sched_heads = 0;      // Hopper persistent: > 0 = the dynamic order's section of heads
+  bool wg_split = false;    // Hopper: the two consumer warpgroups split each 64-row item's keys
+  bool stream_k = false;    // Hopper persistent: stream-K units
+  bool hopper_compiled = false;  // whether this build holds the sm_90a kernels at all
+};
+bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, PlanSummary* out);
+
 // A human-readable description of the last error on this thread ("" after success).
 const char* last_error_message();
 

@@ -267,6 +267,30 @@ int64_t workspace_size_impl(py::handle q, py::handle k, py::handle v, py::handle
   return static_cast<int64_t>(opsfuse::cuda::workspace_size(pr.p));
 }
 
+// The launcher's plan for these inputs on a described device (opsfuse::cuda::describe_plan): the
+// heuristic, testable without that GPU. The tensors' memory is never touched.
+py::dict describe_plan_impl(py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
+                            std::optional<float> scale, int64_t is_causal, float softcap, const Biases& biases,
+                            int sms, int smem_per_sm, int cc) {
+  Prepared pr;
+  prepare(pr, q, k, v, mask, kl, scale, is_causal, softcap, biases, -1);
+  opsfuse::cuda::PlanSummary s;
+  if (!opsfuse::cuda::describe_plan(pr.p, sms, smem_per_sm, cc, &s))
+    invalid(opsfuse::cuda::last_error_message());
+  py::dict d;
+  d["kernel"] = s.kernel;
+  d["bucket"] = s.bucket;
+  d["block_m"] = s.block_m;
+  d["num_splits"] = s.num_splits;
+  d["cluster"] = s.cluster;
+  d["persistent"] = s.persistent;
+  d["sched_heads"] = s.sched_heads;
+  d["wg_split"] = s.wg_split;
+  d["stream_k"] = s.stream_k;
+  d["hopper_compiled"] = s.hopper_compiled;
+  return d;
+}
+
 void fused_attention_impl(py::handle q, py::handle k, py::handle v, py::handle y, py::handle mask, py::handle kl,
                         std::optional<float> scale, int64_t is_causal, float softcap, const Biases& biases,
                         uintptr_t workspace, int64_t workspace_bytes, int64_t stream, int device) {
@@ -334,6 +358,15 @@ py::tuple py_workspace_size(py::handle q, py::handle k, py::handle v, py::handle
   });
 }
 
+py::tuple py_describe_plan(py::handle q, py::handle k, py::handle v, py::handle mask, py::handle kl,
+                           std::optional<float> scale, int64_t is_causal, float softcap, py::handle q_bias,
+                           py::handle k_bias, py::handle v_bias, int sms, int smem_per_sm, int cc) {
+  return guarded([&] {
+    return py::object(describe_plan_impl(q, k, v, mask, kl, scale, is_causal, softcap, {q_bias, k_bias, v_bias},
+                                         sms, smem_per_sm, cc));
+  });
+}
+
 py::tuple py_fused_attention(py::handle q, py::handle k, py::handle v, py::handle y, py::handle mask, py::handle kl,
                              std::optional<float> scale, int64_t is_causal, float softcap, uintptr_t workspace,
                              int64_t workspace_bytes, int64_t stream, int device, py::handle q_bias,
@@ -363,5 +396,13 @@ PYBIND11_MODULE(_cuda, m) {
         "Enqueues FusedAttention on `stream` (a cudaStream_t as int) of CUDA device `device`, writing into the "
         "preallocated y; `workspace` is a device pointer (int) to workspace_bytes bytes. Returns (code, message, "
         "None) as workspace_size does.");
+  m.def("describe_plan", &py_describe_plan, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("attn_mask") = py::none(), py::arg("key_lengths") = py::none(), py::arg("scale") = py::none(),
+        py::arg("is_causal") = 0, py::arg("softcap") = 0.0f, py::arg("q_bias") = py::none(),
+        py::arg("k_bias") = py::none(), py::arg("v_bias") = py::none(), py::arg("sms") = 132,
+        py::arg("smem_per_sm") = 233472, py::arg("cc") = 90,
+        "(code, message, dict): the plan fused_attention would make for these inputs on a device of `sms` "
+        "multiprocessors, `smem_per_sm` bytes of shared memory each and compute capability `cc` (default: an "
+        "H100 / H200), under the current OPSFUSE_CUDA_* variables; no memory is touched.");
   m.attr("OP_NAME") = opsfuse::contract::kOpName;
 }

@@ -12,6 +12,16 @@ import pytest
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
+class FakeTensor:
+    """A stand-in that exposes only __cuda_array_interface__ (contiguous, 16-byte aligned address),
+    for the module's paths that never touch memory: validation and planning, testable without a GPU."""
+
+    def __init__(self, shape, typestr="<f2"):
+        self.shape = shape
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (4096, False),
+                                         "strides": None, "version": 3}
+
+
 def fresh_rng():
     """A generator seeded from the OS: every run draws new data; the seed is in failure messages."""
     seed = int.from_bytes(os.urandom(4), "little")

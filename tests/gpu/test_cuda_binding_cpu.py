@@ -8,12 +8,7 @@ import pytest
 
 import opsfuse.cuda as ocuda
 
-
-class FakeTensor:
-    def __init__(self, shape, typestr="<f2"):
-        self.shape = shape
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (4096, False),
-                                         "strides": None, "version": 3}
+from cuda_helpers import FakeTensor
 
 
 @pytest.fixture(scope="module")
