@@ -664,8 +664,9 @@ int main(int argc, char** argv) {
       {"hop f16 d96 seq causal1 gqa2 300", H, 2, 8, 4, 300, 300, 96, 96, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 seq kl32 257", H, 3, 4, 4, 130, 257, 128, 128, 0, 0.f, N, 0, 32, 0, 0, 0, 0, 0, 0, 0, 1},
       // Small grids whose portable plan splits the keys (<= 66 blocks, >= 8 key tiles of 64): the
-      // Hopper kernel must take them where its own items fill a third of the SMs (hopper_eligible):
-      // 128 items of 64 rows (the warpgroup split) at D = 128, 64 at D = 64, 64 causal 128-row items.
+      // Hopper kernel must take them where their rows fill its items for a third of the SMs
+      // (hopper_eligible): 128 items of 64 rows (the warpgroup split) at D = 128, 64 at D = 64, 64
+      // causal 128-row items.
       {"hop bf16 d128 smallgrid 1x16x512", BF, 1, 16, 16, 512, 512, 128, 128, 0, 0.f, N, 0, 0},
       {"hop f16 d64 smallgrid 1x4x1024", H, 1, 4, 4, 1024, 1024, 64, 64, 0, 0.f, N, 0, 0},
       {"hop f16 d128 smallgrid causal1 1x16x512", H, 1, 16, 16, 512, 512, 128, 128, 1, 0.f, N, 0, 0},
