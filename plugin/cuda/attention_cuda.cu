@@ -769,6 +769,8 @@ bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, P
   dev.cc = cc;
   const Plan plan = plan_launch(p, dev, read_switches(), /*allow_hopper=*/true).plan;
   static constexpr const char* kKinds[] = {"tensor_core", "tensor_core_decode", "float32", "hopper", "hopper_decode"};
+  static_assert(sizeof(kKinds) / sizeof(kKinds[0]) == static_cast<size_t>(KernelKind::kHopperDecode) + 1,
+                "one name per KernelKind, in its order");
   PlanSummary r;
   r.kernel = kKinds[static_cast<int>(plan.kind)];
   r.bucket = plan.bucket;

@@ -66,10 +66,10 @@
 //    tiles): a block's items are one loop of key-tile steps; an item's first step issues its S
 //    product beside the previous item's last P V and stores that item after the P V wait (its own
 //    compile-time copy of the step, so that the steady step carries none of it).
-//  - Short items in sequence (kPlainSeq, launch_hopper: plain launches at D = 64 over <= 8 key
-//    tiles by default): each key tile's S, softmax (under the turn) and P V one after the other,
-//    no first tile of its own and no trailing P V -- a kernel a quarter smaller, faster on short
-//    items; on long key loops kPlain's overlap of the softmax with P V pays more.
+//  - Short items in sequence (kPlainSeq, launch_hopper: plain launches over <= 8 key tiles at
+//    D = 64, <= 4 at D = 128, by default): each key tile's S, softmax (under the turn) and P V one
+//    after the other, no first tile of its own and no trailing P V -- a kernel a quarter smaller,
+//    faster on short items; on long key loops kPlain's overlap of the softmax with P V pays more.
 //
 // Why raw PTX (inline asm) and not CUTLASS/CuTe: the kernel needs ~10 instructions (wgmma
 // fence/commit/wait/mma_async, cp.async.bulk.tensor, mbarrier init/arrive/expect_tx/try_wait,
@@ -1718,18 +1718,14 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
                                     : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
     } else {
-      // kPlainChain at D = 128 and kPlainSeq at D = 64 only: each compiled where it is taken.
+      // kPlainChain at D = 128 only: compiled where it is taken.
       auto chain = [] {
         if constexpr (kD == 128) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainChain>;
         else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
       };
-      auto seq = [] {
-        if constexpr (kD <= 128) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeq>;
-        else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
-      };
       return mode == hopper::kPlain        ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
              : mode == hopper::kPlainChain ? chain()
-             : mode == hopper::kPlainSeq   ? seq()
+             : mode == hopper::kPlainSeq   ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeq>
              : mode == hopper::kPlainSplit ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSplit>
              : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
              : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>

@@ -68,8 +68,9 @@ struct Case {
                      // as choose_plan and launch_hopper decide on 132 SMs), and must not have where
                      // OPSFUSE_CUDA_HOPPER_TMA_STORE=0 or _CHAIN=0; 0 = not checked
   int seq = 0;       // Hopper cases: 1 = the Hopper pass must have taken the in-sequence kernel for
-                     // short items (kPlainSeq) where the case's key tiles are within the limit
-                     // (OPSFUSE_CUDA_HOPPER_SEQ=N, else the plan's default), and not beyond it
+                     // short items (kPlainSeq) where the case's key tiles are within its bucket's
+                     // limit (OPSFUSE_CUDA_HOPPER_SEQ=N / _SEQ_D128=N, else the plan's default), and
+                     // not beyond it
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -724,8 +725,8 @@ int main(int argc, char** argv) {
   // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
   // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
   // warpgroup-split and chaining cases, three bias cases (key splits, the tail split, softcap's
-  // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq); the other persistent-grid cases
-  // are too large for racecheck's pace.
+  // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq); the other
+  // persistent-grid cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
