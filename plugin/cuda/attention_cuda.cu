@@ -44,6 +44,9 @@
 //   OPSFUSE_CUDA_HOPPER_SEQ=N      (A/B, tests) plain launches at D <= 64 over <= N key tiles run
 //                                  them in sequence (kPlainSeq, launch_hopper; default 8); 0 never.
 //   OPSFUSE_CUDA_HOPPER_SEQ_D128=N (A/B, tests) the same at D = 128 (default 4); 0 never.
+//   OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N (A/B, tests) plain launches at D <= 64 over more than 128 keys
+//                                  and at most N 256-key tiles run in sequence on 256-key tiles
+//                                  (kPlainSeqWide, launch_hopper; default 0); 0 never.
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -152,7 +155,7 @@ Switches read_switches() {
       "DISABLE_HOPPER",    "FORCE_HOPPER",       "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
       "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT",     "HOPPER_CHAIN",
-      "HOPPER_PDL",        "HOPPER_SEQ",        "HOPPER_SEQ_D128",
+      "HOPPER_PDL",        "HOPPER_SEQ",        "HOPPER_SEQ_D128", "HOPPER_SEQ_WIDE",
       "DECODE_SPLITS",     "DECODE_NO_CLUSTER",
       "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
@@ -554,6 +557,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   plan.pdl = sw.is(Switch::kHopperPdl, '1');
   if (const char* seq = sw.get(Switch::kHopperSeq)) plan.seq_tiles = std::max(0, std::atoi(seq));
   if (const char* seq = sw.get(Switch::kHopperSeqD128)) plan.seq_tiles_d128 = std::max(0, std::atoi(seq));
+  if (const char* seq = sw.get(Switch::kHopperSeqWide)) plan.seq_wide_tiles = std::max(0, std::atoi(seq));
   if (const char* promo = sw.get(Switch::kDecodeL2Promotion)) plan.l2_promotion = std::atoi(promo);
   plan.evict_first = !sw.is(Switch::kDecodeEvictFirst, '0');
   return plan;

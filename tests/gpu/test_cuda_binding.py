@@ -437,12 +437,47 @@ def test_short_items_in_sequence(dtype, case, monkeypatch):
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
     kl = None if lengths is None else np.asarray(lengths, dtype=np.int32)
-    envs = {"in_sequence": {"OPSFUSE_CUDA_HOPPER_SEQ_D128": "8"},  # D = 128: beyond its default 4
-            "overlapped": {"OPSFUSE_CUDA_HOPPER_SEQ": "0", "OPSFUSE_CUDA_HOPPER_SEQ_D128": "0"}}
+    # 128-key tiles on both sides (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=0): 256-key ones round differently.
+    envs = {"in_sequence": {"OPSFUSE_CUDA_HOPPER_SEQ_D128": "8", "OPSFUSE_CUDA_HOPPER_SEQ_WIDE": "0"},
+            "overlapped": {"OPSFUSE_CUDA_HOPPER_SEQ": "0", "OPSFUSE_CUDA_HOPPER_SEQ_D128": "0",
+                           "OPSFUSE_CUDA_HOPPER_SEQ_WIDE": "0"}}
     outs = outputs_under(monkeypatch, envs, q, k, v, None, kl, **attrs)
     assert_same_bits(outs, seed)
     assert_within_2x_torch(outs["in_sequence"], q, k, v, None, kl, None, attrs.get("is_causal", 0),
                            what=f"short items in sequence {case} (seed {seed})")
+
+
+WIDE_CASES = {
+    # name: (b, hq, hkv, sq, sk, d, dv), the 256-key tile limit (OPSFUSE_CUDA_HOPPER_SEQ_WIDE), extra
+    # switches; plain D <= 64 launches whose keys fill whole 256-key tiles (kPlainSeqWide)
+    "seed_s1024": ((1, 12, 12, 1024, 1024, 64, 64), 4, {}),  # 96 items of 4 tiles, one round
+    "bert_s512": ((8, 12, 12, 512, 512, 64, 64), 4, {}),  # 768 items of 2: a persistent grid
+    "seed_s2048_tail": ((1, 12, 12, 2048, 2048, 64, 64), 8, {}),  # the tail split (clusters of 2)
+    "split2_gqa2_sk768": ((2, 8, 4, 300, 768, 64, 64), 4, {"OPSFUSE_CUDA_HOPPER_SPLITS": "2"}),
+    "d40_gqa3_sq97_sk256": ((2, 6, 2, 97, 256, 40, 40), 4, {}),  # one tile, D off the bucket
+    "long_s4096": ((2, 8, 8, 300, 4096, 64, 64), 16, {}),  # 16 tiles
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", sorted(WIDE_CASES))
+def test_short_items_on_wide_tiles(dtype, case, monkeypatch):
+    """Short items in sequence on 256-key tiles (the Hopper kernel's kPlainSeqWide, by
+    OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N) within the 2x rule, as the same launch on 128-key tiles
+    (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=0) is; a repeat gives the same bits (the tiles' order is fixed).
+    The two tilings round differently (the running max moves per tile), so they are not compared
+    bit for bit. (That the wide kernel ran is the check driver's to assert: its wide cases fail on
+    any other mode.)"""
+    require_cuda_module()
+    (b, hq, hkv, sq, sk, d, dv), limit, extra = WIDE_CASES[case]
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    wide = {"OPSFUSE_CUDA_HOPPER_SEQ_WIDE": str(limit), **extra}
+    envs = {"wide": wide, "wide_again": wide, "narrow": {"OPSFUSE_CUDA_HOPPER_SEQ_WIDE": "0", **extra}}
+    outs = outputs_under(monkeypatch, envs, q, k, v)
+    assert_same_bits({name: outs[name] for name in ("wide", "wide_again")}, seed)
+    for name in ("wide", "narrow"):
+        assert_within_2x_torch(outs[name], q, k, v, what=f"{name} tiles {case} (seed {seed})")
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["stream", "graph"])

@@ -135,10 +135,12 @@ constexpr int kConsumerWarps = 8;
 // stores, one per 64-column region and consumer warpgroup (the same profile: ~13 % of the samples in
 // the epilogue's 32 four-byte global stores per thread at D = 128, which throttle the LSU); D <= 128
 // (225 KB in all at D = 128), D = 256 stores from registers.
-template <int kD>
+// kKeys: keys per tile; 256 for kPlainSeqWide (D = 64 only), whose 32 KB K and V tiles take two
+// stages (176 KB in all; three would need 240).
+template <int kD, int kKeys = (kD == 256 ? 64 : hopper::kBN)>
 struct Config {
-  static constexpr int kBN = kD == 256 ? 64 : hopper::kBN;
-  static constexpr int kStages = kD == 64 ? 3 : 2;
+  static constexpr int kBN = kKeys;
+  static constexpr int kStages = kD == 64 && kKeys == 128 ? 3 : 2;
   static constexpr int kQBuffers = kD == 256 ? 1 : 2;
   static constexpr bool kOStage = kD <= 128;
   static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
@@ -146,6 +148,9 @@ struct Config {
   static constexpr int kSmem =
       (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + 1024;  // + alignment slack
 };
+// The configuration of mode kMode's instantiation (hopper_modes.h).
+template <int kD, int kMode>
+using ModeConfig = std::conditional_t<kMode == kPlainSeqWide, Config<kD, 256>, Config<kD>>;
 
 // --- PTX wrappers (TMA / mbarrier ones: tma_ops.cuh) ------------------------------------------
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -166,6 +171,15 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
   for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// Gives the registers new, unknown values, so that their old ones are dead: before an S product that
+// overwrites them (scale-d 0 on its first k-step), which the wgmma's read-write operands would
+// otherwise keep live through the previous tile's P V (kPlainSeqWide: 128 S registers beside P's 64).
+template <int N>
+__device__ __forceinline__ void reg_define(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "=f"(r[i])::"memory");
 }
 
 __device__ __forceinline__ float rcp_approx(float x) {
@@ -195,14 +209,20 @@ __device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t offset) {
 
 template <typename T, int kN>
 __device__ __forceinline__ void mma_qk(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
-  if constexpr (kN == 128) {
+  if constexpr (kN == 256) {
+    if constexpr (std::is_same_v<T, __half>) {
+      OPSFUSE_WGMMA_SS_N256(".f16.f16");
+    } else {
+      OPSFUSE_WGMMA_SS_N256(".bf16.bf16");
+    }
+  } else if constexpr (kN == 128) {
     if constexpr (std::is_same_v<T, __half>) {
       OPSFUSE_WGMMA_SS_N128(".f16.f16");
     } else {
       OPSFUSE_WGMMA_SS_N128(".bf16.bf16");
     }
   } else {
-    static_assert(kN == 64, "S tiles are 64 or 128 keys wide");
+    static_assert(kN == 64, "S tiles are 64, 128 or 256 keys wide");
     if constexpr (std::is_same_v<T, __half>) {
       OPSFUSE_WGMMA_SS_N64(".f16.f16");
     } else {
@@ -348,14 +368,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                       const __grid_constant__ CUtensorMap tm_y, const int pingpong, const int n_work,
                       const int splits, const int mask_classes, const int tail_round, const int tma_store) {
-  using Cfg = Config<kD>;
+  using Cfg = ModeConfig<kD, kMode>;
   static_assert(kMode != kPlainSplit || kD <= 128, "the split merge stages O over the K ring: D <= 128");
   // kPlainSplit: both consumer warpgroups work on one item's 64 rows (the first 64 of the Q
   // buffer, whose 128-row TMA box also brings the next 64, unused), each on every other key tile.
   constexpr bool kSplitWG = kMode == kPlainSplit;
   constexpr bool kChain = kMode == kPlainChain;
-  constexpr bool kSeq = kMode == kPlainSeq;
+  constexpr bool kSeqWide = kMode == kPlainSeqWide;
+  constexpr bool kSeq = kMode == kPlainSeq || kSeqWide;
   static_assert(!kSeq || kD <= 128, "kPlainSeq: compiled at D = 64 and 128 only");
+  static_assert(!kSeqWide || kD == 64, "kPlainSeqWide: compiled at D = 64 only");
   constexpr bool kPlainScores = kMode == kPlain || kChain || kSeq;  // no mask, no softcap, 128-row items
   constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
@@ -817,11 +839,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     };
-    auto issue_pv = [&](int stage, const PFrag& pf) {
+    // The k-steps [from, to) of O += P V (16 keys each; all of them by default).
+    auto issue_pv = [&](int stage, const PFrag& pf, auto from, auto to) {
       const uint32_t vb = sV + stage * Cfg::kKVBytes;
       const uint64_t v_desc = smem_desc(vb, kBN * 128, 1024);
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
+      for (int kk = decltype(from)::value; kk < decltype(to)::value; ++kk) {
         if constexpr (kD >= 128) mma_pv<T, kD>(o, pf[kk], desc_plus(v_desc, kk * 16 * 128));
         else mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
       }
@@ -990,15 +1013,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if constexpr (!decltype(defer_sums)::value) row_sums();
     };
-    auto pack_into = [&](PFrag& dst) {
+    // P's k-steps [from, to) from s.
+    auto pack_range = [&](PFrag& dst, auto from, auto to) {
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
+      for (int kk = decltype(from)::value; kk < decltype(to)::value; ++kk) {
         dst[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
         dst[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
         dst[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
         dst[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
       }
     };
+    using KFirst = std::integral_constant<int, 0>;
+    using KHalf = std::integral_constant<int, kBN / 32>;
+    using KAll = std::integral_constant<int, kBN / 16>;
+    auto pack_into = [&](PFrag& dst) { pack_range(dst, KFirst{}, KAll{}); };
+    auto issue_pv_all = [&](int stage, const PFrag& pf) { issue_pv(stage, pf, KFirst{}, KAll{}); };
     // Keys >= key_lengths[b] inside the tile that holds that bound are real memory (TMA only
     // zero-fills beyond Sk) and may hold anything, NaN included, in a padded cache: their P is 0, but
     // 0 * NaN is NaN, so the two consumer warpgroups zero those V rows before using the tile
@@ -1057,13 +1086,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       if (t == 0) bulk_wait_read();
       wg_sync();
+      // kPlainSeqWide: the thread's lane read again here (volatile: not hoisted), so that ptxas does
+      // not compute the 16 store addresses ahead of the key loop and keep them there (with them the
+      // wide step's wgmmas were serialized, C7512).
+      int lane_ = lane, warp_ = warp;
+      if constexpr (kSeqWide) {
+        uint32_t tx;
+        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
+        lane_ = static_cast<int>(tx % 32), warp_ = static_cast<int>((tx % 128) / 32);
+      }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float inv = inverse(quad_sum(lp[hh]));
-        const int r = warp * 16 + lane / 4 + hh * 8;
+        const int r = warp_ * 16 + lane_ / 4 + hh * 8;
 #pragma unroll
         for (int i = 0; i < kD / 8; ++i) {
-          const uint32_t addr = so + (i / 8) * (kBM * 128) + r * 128 + (((i % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+          const uint32_t addr = so + (i / 8) * (kBM * 128) + r * 128 + (((i % 8) ^ (r % 8)) << 4) + 4 * (lane_ % 4);
           asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr),
                        "r"(pack2<T>(o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv))
                        : "memory");
@@ -1126,7 +1164,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Calls f(ScoringV<V>{}) with tile it's scoring variant (cls: its class).
     auto with_scoring = [&](int it, int cls, auto&& f) {
-      if constexpr (kPlainScores || kSplitWG) {
+      if constexpr (kSeqWide) {
+        // launch_hopper takes kPlainSeqWide only where no tile has a key limit inside it (no causal,
+        // no key_lengths, Sk a multiple of 256, a positive scale): the limits variant's 128 per-key
+        // tests left its wgmmas too few registers (ptxas serialized them, C7512).
+        f(ScoringV<kScoreFast>{});
+      } else if constexpr (kPlainScores || kSplitWG) {
         if (is_boundary(it)) f(ScoringV<kScoreLimits>{});
         else f(ScoringV<kScoreFast>{});
       } else if constexpr (kMode == kGeneral) {
@@ -1278,7 +1321,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_fence();
           if constexpr (kV != kScoreNone) issue_qk(st);
           wgmma_commit();
-          issue_pv(prev, p);
+          issue_pv_all(prev, p);
           wgmma_commit();
         }
         turn_pass(false);
@@ -1358,6 +1401,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int st = stage_of(it);
             mbar_wait(bar_kfull(st), parity_of(it));
             __syncwarp();
+            if constexpr (kSeqWide) reg_define(s);
             wgmma_fence();
             issue_qk(st);
             wgmma_commit();
@@ -1368,13 +1412,23 @@ __global__ void __launch_bounds__(kThreads, 1)
             turn_wait();
             softmax(it, variant, std::false_type{});
             if (!kLazy || rescale_due) rescale_o();
-            pack_into(p);
+            // kPlainSeqWide packs and issues P V in two halves, the first half's product running
+            // while the second is packed: P's 64 registers are never all live beside S's.
+            if constexpr (kSeqWide) pack_range(p, KFirst{}, KHalf{});
+            else pack_into(p);
             turn_pass(it == my_last);
             mbar_wait(bar_vfull(st), parity_of(it));
             __syncwarp();
             zero_v_tail(st, it);
             wgmma_fence();
-            issue_pv(st, p);
+            if constexpr (kSeqWide) {
+              issue_pv(st, p, KFirst{}, KHalf{});
+              pack_range(p, KHalf{}, KAll{});
+              wgmma_fence();
+              issue_pv(st, p, KHalf{}, KAll{});
+            } else {
+              issue_pv_all(st, p);
+            }
             wgmma_commit();
             // The last tile's product is waited for below, where V's bias loads beside it.
             if (it != my_last) {
@@ -1384,6 +1438,12 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (lane == 0) release(bar_vempty(st));
             }
           });
+          // kPlainSeqWide: the loop visibly ends with the product still running, so that ptxas need
+          // not keep P's registers apart from the next S (they share them: with 128 S registers
+          // apart from P's 64 it serialized every wgmma, C7512).
+          if constexpr (kSeqWide) {
+            if (it == my_last) break;
+          }
         }
       } else {
         for (int it = kFirstInLoop ? my_begin : my_begin + kStride; it < t_end; it += kStride) {
@@ -1398,7 +1458,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         zero_v_tail(last, my_last);
         turn_wait();
         wgmma_fence();
-        issue_pv(last, p);
+        issue_pv_all(last, p);
         wgmma_commit();
         turn_pass(true);
         if (odd_turn) turn_wait();
@@ -1654,12 +1714,11 @@ inline int hopper_mode(const KernelArgs& a, const Plan& plan) {
 
 template <typename T, int kD>
 cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  using Cfg = hopper::Config<kD>;
+  using Cfg = hopper::Config<kD>;  // every mode's but kPlainSeqWide's (WideCfg)
+  using WideCfg = hopper::ModeConfig<kD, hopper::kPlainSeqWide>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  CUtensorMap tq, tk, tv, ty;
-  if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM) ||
-      !hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, Cfg::kBN) ||
-      !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, Cfg::kBN))
+  CUtensorMap tq, tk, tv, ty;  // K and V's once the mode (their tiles' keys) is known
+  if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   // Y through TMA stores (64-row boxes, one per consumer warpgroup) where the driver takes its layout
   // (16-byte aligned base and strides) and plan.tma_store (OPSFUSE_CUDA_HOPPER_TMA_STORE=0: stores
@@ -1713,6 +1772,21 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   if (seq_tiles > 0 && mode == hopper::kPlain && a.sk_count == nullptr &&
       a.seq_k <= static_cast<int64_t>(seq_tiles) * Cfg::kBN)
     mode = hopper::kPlainSeq;
+  // The same on 256-key tiles (kPlainSeqWide, D = 64): plain launches over at most
+  // Plan::seq_wide_tiles 256-key tiles (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N) none of which has a key
+  // limit inside it -- no causal, no key_lengths, Sk a multiple of 256, a positive scale -- since
+  // the kernel scores every tile as all visible (its with_scoring).
+  if (kD == 64 && plan.seq_wide_tiles > 0 && (mode == hopper::kPlain || mode == hopper::kPlainSeq) &&
+      a.sk_count == nullptr && a.causal == 0 && a.key_lengths == nullptr && a.scale_log2 > 0.0f &&
+      a.seq_k % WideCfg::kBN == 0 && a.seq_k <= static_cast<int64_t>(plan.seq_wide_tiles) * WideCfg::kBN)
+    mode = hopper::kPlainSeqWide;
+  const bool wide = mode == hopper::kPlainSeqWide;
+  const int keys_per_tile = wide ? WideCfg::kBN : Cfg::kBN;
+  const int smem_bytes = wide ? WideCfg::kSmem : Cfg::kSmem;
+  const int ring_bytes = wide ? 2 * WideCfg::kStages * WideCfg::kKVBytes : 2 * Cfg::kStages * Cfg::kKVBytes;
+  if (!hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, keys_per_tile) ||
+      !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, keys_per_tile))
+    return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   auto kernel = [&] {
     if constexpr (kD == 256) {
       return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
@@ -1723,9 +1797,15 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
         if constexpr (kD == 128) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainChain>;
         else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
       };
-      return mode == hopper::kPlain        ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
-             : mode == hopper::kPlainChain ? chain()
-             : mode == hopper::kPlainSeq   ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeq>
+      // kPlainSeqWide at D = 64 only.
+      auto seq_wide = [] {
+        if constexpr (kD == 64) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeqWide>;
+        else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
+      };
+      return mode == hopper::kPlain          ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
+             : mode == hopper::kPlainChain   ? chain()
+             : mode == hopper::kPlainSeq     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeq>
+             : mode == hopper::kPlainSeqWide ? seq_wide()
              : mode == hopper::kPlainSplit ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSplit>
              : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
              : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
@@ -1733,7 +1813,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     }
   }();
   record_hopper_mode(mode);
-  cudaError_t err = ensure_smem(kernel, Cfg::kSmem, smem_done[mode]);
+  cudaError_t err = ensure_smem(kernel, smem_bytes, smem_done[mode]);
   if (err != cudaSuccess) return err;
   if (a.tile_counter != nullptr) {
     // The dynamic order's ticket counter starts at 0 (a persistent grid, never split).
@@ -1772,7 +1852,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   const int splits = plan.cluster;
   // A split merge stages (O, max, sum) of 256 threads over the K/V ring: kD / 8 + 1 float4 chunks
   // each, 132 KB at D = 256, more than its 128 KB ring (choose_plan never splits there).
-  if (splits > 1 && (kD / 8 + 1) * 256 * 16 > 2 * Cfg::kStages * Cfg::kKVBytes) return cudaErrorInvalidValue;
+  if (splits > 1 && (kD / 8 + 1) * 256 * 16 > ring_bytes) return cudaErrorInvalidValue;
   const bool tail = plan.persistent > 0 && splits == 2;
   int64_t tail_grid = grid & ~int64_t{1};  // blocks of a tail-split launch: whole clusters
   if (tail) {
@@ -1792,7 +1872,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   attr[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.blockDim = dim3(hopper::kThreads, 1, 1);
-  cfg.dynamicSmemBytes = Cfg::kSmem;
+  cfg.dynamicSmemBytes = smem_bytes;
   cfg.stream = stream;
   cfg.attrs = attr;
   // The kernel on `grid` blocks without clusters (every round unsplit), or as clusters of `splits`
@@ -1814,7 +1894,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     // and instantiation); where the device holds fewer (an SM whose GPC partner is unavailable),
     // the plain persistent grid runs instead.
     static int clusters_cache[hopper::kModes][64] = {};
-    const int fit = max_active_clusters_cached(clusters_cache[mode], kernel, hopper::kThreads, Cfg::kSmem, 2);
+    const int fit = max_active_clusters_cached(clusters_cache[mode], kernel, hopper::kThreads, smem_bytes, 2);
     if (2 * static_cast<int64_t>(fit) < tail_grid) return launch_plain();
     return launch_clusters(1, static_cast<int>(blocks / tail_grid));
   }

@@ -30,7 +30,20 @@ namespace opsfuse::cuda::detail::hopper {
 //             then P V, waited for before the next tile. No first tile of its own and no trailing
 //             P V: a smaller kernel, faster on short items (launch_hopper: <= 8 key tiles by
 //             default at D = 64, <= 4 at D = 128); on longer ones kPlain's overlapped step is faster.
-enum Mode : int { kPlain = 0, kGeneral = 1, kMaskAdd = 2, kMaskBool = 3, kPlainSplit = 4, kPlainChain = 5, kPlainSeq = 6 };
-constexpr int kModes = 7;
+//  kPlainSeqWide  kPlainSeq at D = 64 on key tiles of 256 keys instead of 128 (launch_hopper, where
+//             Plan::seq_wide_tiles allows it): half the steps per item, so half the per-tile
+//             latencies that pace the D = 64 step (the S and P V waits, the row max's shuffles, the
+//             turn), with twice the independent work in each softmax.
+enum Mode : int {
+  kPlain = 0,
+  kGeneral = 1,
+  kMaskAdd = 2,
+  kMaskBool = 3,
+  kPlainSplit = 4,
+  kPlainChain = 5,
+  kPlainSeq = 6,
+  kPlainSeqWide = 7
+};
+constexpr int kModes = 8;
 
 }  // namespace opsfuse::cuda::detail::hopper

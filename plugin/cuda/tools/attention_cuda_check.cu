@@ -12,6 +12,7 @@
 // `--bench`: kernel times with the Hopper kernel as chosen, its A/B alternative, and off (run_bench).
 // `--quick`: the first generic cases and a few small Hopper ones (what compute-sanitizer runs).
 // `--stress NAME N`: the Hopper run of one Hopper case N times on the same data, failures only.
+// `--only TEXT`: the Hopper cases whose names contain TEXT (both runs and their checks), nothing else.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -70,7 +71,10 @@ struct Case {
   int seq = 0;       // Hopper cases: 1 = the Hopper pass must have taken the in-sequence kernel for
                      // short items (kPlainSeq) where the case's key tiles are within its bucket's
                      // limit (OPSFUSE_CUDA_HOPPER_SEQ=N / _SEQ_D128=N, else the plan's default), and
-                     // not beyond it
+                     // not beyond it (nor where the 256-key tiles take the case, see `wide`)
+  int wide = 0;      // Hopper cases: > 0 = OPSFUSE_CUDA_HOPPER_SEQ_WIDE=wide (in sequence on 256-key
+                     // tiles, kPlainSeqWide), which must have run exactly where its rule allows
+                     // (wide_allowed)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -316,6 +320,7 @@ void set_schedule_switches(const Case& c) {
   if (c.tail) setenv("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", "1", 1);
   if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
   if (c.wg_split) setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "1", 1);
+  if (c.wide > 0) setenv("OPSFUSE_CUDA_HOPPER_SEQ_WIDE", std::to_string(c.wide).c_str(), 1);
 }
 
 // An environment variable's value as the caller set it ("" when unset), and putting it back.
@@ -339,6 +344,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   const std::string dyn_env = env_value("OPSFUSE_CUDA_HOPPER_DYNAMIC");
   const std::string sched_env = env_value("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
   const std::string wg_env = env_value("OPSFUSE_CUDA_HOPPER_WG_SPLIT");
+  const std::string wide_env = env_value("OPSFUSE_CUDA_HOPPER_SEQ_WIDE");
   for (int pass = 0; pass < 2; ++pass) {
     // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
     if (pass == 0) {
@@ -357,6 +363,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       if (c.tail) restore_env("OPSFUSE_CUDA_HOPPER_TAIL_SPLIT", tail_env);
       if (c.stream_k) restore_env("OPSFUSE_CUDA_HOPPER_STREAM_K", sk_env);
       if (c.wg_split) restore_env("OPSFUSE_CUDA_HOPPER_WG_SPLIT", wg_env);
+      if (c.wide > 0) restore_env("OPSFUSE_CUDA_HOPPER_SEQ_WIDE", wide_env);
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
     }
@@ -391,8 +398,17 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   const std::string seq_env = env_value(wide ? "OPSFUSE_CUDA_HOPPER_SEQ_D128" : "OPSFUSE_CUDA_HOPPER_SEQ");
   const opsfuse::cuda::detail::Plan defaults{};
   const int seq_limit = !seq_env.empty() ? std::atoi(seq_env.c_str()) : wide ? defaults.seq_tiles_d128 : defaults.seq_tiles;
-  expect_mode(c.seq != 0, opsfuse::cuda::detail::hopper::kPlainSeq, (c.Sk + 127) / 128 <= seq_limit,
-              "short items in sequence", "taken beyond the OPSFUSE_CUDA_HOPPER_SEQ(_D128) limit");
+  // The 256-key tiles (kPlainSeqWide): D <= 64 plain launches without causal or key_lengths whose
+  // keys fill at most the limit's 256-key tiles exactly (launch_hopper); they take the case first.
+  const std::string wide_limit_env = c.wide > 0 ? std::to_string(c.wide) : env_value("OPSFUSE_CUDA_HOPPER_SEQ_WIDE");
+  const int wide_limit = !wide_limit_env.empty() ? std::atoi(wide_limit_env.c_str()) : defaults.seq_wide_tiles;
+  const bool wide_allowed = !wide && c.causal == 0 && c.key_lengths == 0 && c.mask == MaskKind::kNone &&
+                            !(c.softcap > 0.0f) && c.stream_k == 0 && c.wg_split == 0 && c.Sk % 256 == 0 &&
+                            c.Sk <= wide_limit * 256;
+  expect_mode(c.seq != 0, opsfuse::cuda::detail::hopper::kPlainSeq, (c.Sk + 127) / 128 <= seq_limit && !wide_allowed,
+              "short items in sequence", "taken beyond the OPSFUSE_CUDA_HOPPER_SEQ(_D128) limit or where 256-key tiles apply");
+  expect_mode(c.wide != 0, opsfuse::cuda::detail::hopper::kPlainSeqWide, wide_allowed,
+              "short items in sequence on 256-key tiles", "taken where its rule does not allow it");
   return ok;
 }
 
@@ -664,6 +680,21 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 seq persistent 40x512", BF, 1, 40, 40, 512, 512, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d96 seq causal1 gqa2 300", H, 2, 8, 4, 300, 300, 96, 96, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 seq kl32 257", H, 3, 4, 4, 130, 257, 128, 128, 0, 0.f, N, 0, 32, 0, 0, 0, 0, 0, 0, 0, 1},
+      // In sequence on 256-key tiles (kPlainSeqWide, OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N as the last field;
+      // it must run where its rule allows): the seed's S=1024 (96 items of 4 tiles); BERT's S=512 in
+      // a persistent grid; the seed's S=2048 (the tail split: clusters of 2 merge over the 256-key
+      // ring); 2 key splits in a cluster with GQA 2 (tiles 0 and 1-2 of Sk = 768); D = 40 with
+      // GQA 3, Sq = 97 and one tile; bf16 with Q and V biases; and where it must not run: Sk = 1000
+      // (a key limit inside the last tile), causal, beyond the limit (Sk = 1280 over 4).
+      {"hop f16 d64 wide seed 12x1024", H, 1, 12, 12, 1024, 1024, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
+      {"hop bf16 d64 wide persistent 8x12x512", BF, 8, 12, 12, 512, 512, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
+      {"hop f16 d64 wide tail seed 12x2048", H, 1, 12, 12, 2048, 2048, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8},
+      {"hop f16 d64 wide split2 gqa2 768", H, 2, 8, 4, 300, 768, 64, 64, 0, 0.f, N, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 4},
+      {"hop bf16 d40 wide Sq97 gqa3 256", BF, 2, 6, 2, 97, 256, 40, 40, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
+      {"hop bf16 d64 wide bias 4x8x512", BF, 4, 8, 8, 700, 512, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 4},
+      {"hop f16 d64 wide not 1000", H, 1, 12, 12, 1000, 1000, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
+      {"hop f16 d64 wide not causal1 512", H, 2, 8, 8, 512, 512, 64, 64, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
+      {"hop f16 d64 wide not beyond 1280", H, 1, 12, 12, 1280, 1280, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
       // Small grids whose portable plan splits the keys (<= 66 blocks, >= 8 key tiles of 64): the
       // Hopper kernel must take them where their rows fill its items for a third of the SMs
       // (hopper_eligible): 128 items of 64 rows (the warpgroup split) at D = 128, 64 at D = 64, 64
@@ -706,8 +737,9 @@ int main(int argc, char** argv) {
   std::string failed_names;  // " [name]" per failed case
   // --stress NAME N: the Hopper pass of one case N times on the same data (races that show rarely).
   const bool stress = argc > 3 && std::strcmp(argv[1], "--stress") == 0;
+  const char* only = argc > 2 && std::strcmp(argv[1], "--only") == 0 ? argv[2] : nullptr;
   for (const Case& c : cases) {
-    if (stress) break;
+    if (stress || only != nullptr) break;
     if (quick && n >= 6 && !c.bias) continue;  // --quick: the first six and the bias cases
     ++n;
     if (!run_case(c, rng, stream)) ++failed, failed_names += std::string(" [") + c.name + "]";
@@ -734,11 +766,13 @@ int main(int argc, char** argv) {
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
                                 "hop f16 d128 chain quick 270x2048", "hop f16 d64 seq seed 12x128",
-                                "hop f16 d96 seq causal1 gqa2 300"};
+                                "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
+                                "hop bf16 d40 wide Sq97 gqa3 256"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
     if (stress && std::strcmp(c.name, argv[2]) != 0) continue;
+    if (only != nullptr && std::strstr(c.name, only) == nullptr) continue;
     if (quick && std::none_of(std::begin(quick_hopper), std::end(quick_hopper),
                               [&](const char* q) { return std::strcmp(q, c.name) == 0; }))
       continue;
