@@ -84,6 +84,9 @@ SHORT128 = [(1, 16, 512, 128, torch.bfloat16, 0), (8, 16, 512, 128, torch.bfloat
 WIDE = [(1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0), (8, 12, 512, 64, torch.float16, 0),
         (8, 12, 256, 64, torch.float16, 0), (2, 16, 1024, 64, torch.float16, 0), (8, 12, 1024, 64, torch.float16, 0),
         (4, 16, 4096, 64, torch.float16, 0), (1, 12, 512, 64, torch.float16, 0)]
+# widelong: D = 64 grids beyond the 256-key tiles' default limit (16 tiles, 4096 keys), for
+# OPSFUSE_CUDA_HOPPER_SEQ_WIDE=64 against it: where the limit should lie
+WIDELONG = [(2, 16, 8192, 64, torch.float16, 0), (1, 16, 16384, 64, torch.float16, 0), (1, 12, 4096, 64, torch.float16, 0)]
 # probe128: small D <= 128 grids whose portable plan splits the keys (<= 66 blocks of 128 rows at
 # D = 128, of 64 rows at D = 64, and >= 8 key tiles of 64), which hopper_eligible() left to the
 # portable kernel until session 27 (B=1 H=16 S=512 D=128 read 37 µs against cuDNN's 13.6; A/B'd
@@ -93,7 +96,7 @@ PROBE128 = [(8, 16, 1024, 128, torch.bfloat16, 0), (1, 16, 512, 128, torch.bfloa
             (1, 4, 1024, 64, torch.float16, 0), (1, 16, 512, 128, torch.bfloat16, 1), (1, 8, 2048, 128, torch.bfloat16, 1),
             (1, 16, 256, 128, torch.bfloat16, 0)]
 GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "causal": CAUSAL, "items": ITEMS,
-         "seed": SEED, "rate": RATE, "short": SHORT, "wide": WIDE,
+         "seed": SEED, "rate": RATE, "short": SHORT, "wide": WIDE, "widelong": WIDELONG,
          "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128, "probe128": PROBE128}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 

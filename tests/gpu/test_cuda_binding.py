@@ -449,12 +449,12 @@ def test_short_items_in_sequence(dtype, case, monkeypatch):
 
 WIDE_CASES = {
     # name: (b, hq, hkv, sq, sk, d, dv), the 256-key tile limit (OPSFUSE_CUDA_HOPPER_SEQ_WIDE), extra
-    # switches; plain D <= 64 launches whose keys fill whole 256-key tiles (kPlainSeqWide)
+    # switches; plain D <= 64 launches whose keys fill 2 or more whole 256-key tiles (kPlainSeqWide)
     "seed_s1024": ((1, 12, 12, 1024, 1024, 64, 64), 4, {}),  # 96 items of 4 tiles, one round
     "bert_s512": ((8, 12, 12, 512, 512, 64, 64), 4, {}),  # 768 items of 2: a persistent grid
     "seed_s2048_tail": ((1, 12, 12, 2048, 2048, 64, 64), 8, {}),  # the tail split (clusters of 2)
     "split2_gqa2_sk768": ((2, 8, 4, 300, 768, 64, 64), 4, {"OPSFUSE_CUDA_HOPPER_SPLITS": "2"}),
-    "d40_gqa3_sq97_sk256": ((2, 6, 2, 97, 256, 40, 40), 4, {}),  # one tile, D off the bucket
+    "d40_gqa3_sq97_sk512": ((8, 24, 8, 97, 512, 40, 40), 4, {}),  # D off the bucket
     "long_s4096": ((2, 8, 8, 300, 4096, 64, 64), 16, {}),  # 16 tiles
 }
 

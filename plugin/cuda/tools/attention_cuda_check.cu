@@ -399,12 +399,12 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   const opsfuse::cuda::detail::Plan defaults{};
   const int seq_limit = !seq_env.empty() ? std::atoi(seq_env.c_str()) : wide ? defaults.seq_tiles_d128 : defaults.seq_tiles;
   // The 256-key tiles (kPlainSeqWide): D <= 64 plain launches without causal or key_lengths whose
-  // keys fill at most the limit's 256-key tiles exactly (launch_hopper); they take the case first.
+  // keys fill 2 to the limit's 256-key tiles exactly (launch_hopper); they take the case first.
   const std::string wide_limit_env = c.wide > 0 ? std::to_string(c.wide) : env_value("OPSFUSE_CUDA_HOPPER_SEQ_WIDE");
   const int wide_limit = !wide_limit_env.empty() ? std::atoi(wide_limit_env.c_str()) : defaults.seq_wide_tiles;
   const bool wide_allowed = !wide && c.causal == 0 && c.key_lengths == 0 && c.mask == MaskKind::kNone &&
                             !(c.softcap > 0.0f) && c.stream_k == 0 && c.wg_split == 0 && c.Sk % 256 == 0 &&
-                            c.Sk <= wide_limit * 256;
+                            c.Sk >= 512 && c.Sk <= wide_limit * 256;
   expect_mode(c.seq != 0, opsfuse::cuda::detail::hopper::kPlainSeq, (c.Sk + 127) / 128 <= seq_limit && !wide_allowed,
               "short items in sequence", "taken beyond the OPSFUSE_CUDA_HOPPER_SEQ(_D128) limit or where 256-key tiles apply");
   expect_mode(c.wide != 0, opsfuse::cuda::detail::hopper::kPlainSeqWide, wide_allowed,
@@ -684,17 +684,18 @@ int main(int argc, char** argv) {
       // it must run where its rule allows): the seed's S=1024 (96 items of 4 tiles); BERT's S=512 in
       // a persistent grid; the seed's S=2048 (the tail split: clusters of 2 merge over the 256-key
       // ring); 2 key splits in a cluster with GQA 2 (tiles 0 and 1-2 of Sk = 768); D = 40 with
-      // GQA 3, Sq = 97 and one tile; bf16 with Q and V biases; and where it must not run: Sk = 1000
-      // (a key limit inside the last tile), causal, beyond the limit (Sk = 1280 over 4).
+      // GQA 3 and Sq = 97; bf16 with Q and V biases; and where it must not run: Sk = 1000 (a key
+      // limit inside the last tile), causal, beyond the limit (Sk = 1280 over 4), one tile (256).
       {"hop f16 d64 wide seed 12x1024", H, 1, 12, 12, 1024, 1024, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
       {"hop bf16 d64 wide persistent 8x12x512", BF, 8, 12, 12, 512, 512, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
       {"hop f16 d64 wide tail seed 12x2048", H, 1, 12, 12, 2048, 2048, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8},
       {"hop f16 d64 wide split2 gqa2 768", H, 2, 8, 4, 300, 768, 64, 64, 0, 0.f, N, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 4},
-      {"hop bf16 d40 wide Sq97 gqa3 256", BF, 2, 6, 2, 97, 256, 40, 40, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
+      {"hop bf16 d40 wide Sq97 gqa3 512", BF, 8, 24, 8, 97, 512, 40, 40, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
       {"hop bf16 d64 wide bias 4x8x512", BF, 4, 8, 8, 700, 512, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 4},
       {"hop f16 d64 wide not 1000", H, 1, 12, 12, 1000, 1000, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
       {"hop f16 d64 wide not causal1 512", H, 2, 8, 8, 512, 512, 64, 64, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
       {"hop f16 d64 wide not beyond 1280", H, 1, 12, 12, 1280, 1280, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
+      {"hop f16 d64 wide not one tile 256", H, 8, 12, 12, 256, 256, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
       // Small grids whose portable plan splits the keys (<= 66 blocks, >= 8 key tiles of 64): the
       // Hopper kernel must take them where their rows fill its items for a third of the SMs
       // (hopper_eligible): 128 items of 64 rows (the warpgroup split) at D = 128, 64 at D = 64, 64
@@ -767,7 +768,7 @@ int main(int argc, char** argv) {
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
                                 "hop f16 d128 chain quick 270x2048", "hop f16 d64 seq seed 12x128",
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
-                                "hop bf16 d40 wide Sq97 gqa3 256"};
+                                "hop bf16 d40 wide Sq97 gqa3 512"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
