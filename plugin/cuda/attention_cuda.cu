@@ -46,7 +46,7 @@
 //   OPSFUSE_CUDA_HOPPER_SEQ_D128=N (A/B, tests) the same at D = 128 (default 4); 0 never.
 //   OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N (A/B, tests) plain launches at D <= 64 over 2 to N whole 256-key
 //                                  tiles run in sequence on 256-key tiles (kPlainSeqWide,
-//                                  launch_hopper; default 16); 0 never.
+//                                  launch_hopper; default 32); 0 never.
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable

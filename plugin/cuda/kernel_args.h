@@ -163,7 +163,7 @@ struct Plan {
   int seq_tiles = 8;           // kHopper: plain launches at D <= 64 over <= this many key tiles run them in
                                // sequence (kPlainSeq, launch_hopper); 0 never
   int seq_tiles_d128 = 4;      // the same at D = 128 (OPSFUSE_CUDA_HOPPER_SEQ_D128)
-  int seq_wide_tiles = 16;     // kHopper: plain launches at D <= 64 over 2 to this many whole 256-key
+  int seq_wide_tiles = 32;     // kHopper: plain launches at D <= 64 over 2 to this many whole 256-key
                                // tiles run in sequence on 256-key tiles (kPlainSeqWide, launch_hopper;
                                // OPSFUSE_CUDA_HOPPER_SEQ_WIDE); 0 never
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)

@@ -456,6 +456,7 @@ WIDE_CASES = {
     "split2_gqa2_sk768": ((2, 8, 4, 300, 768, 64, 64), 4, {"OPSFUSE_CUDA_HOPPER_SPLITS": "2"}),
     "d40_gqa3_sq97_sk512": ((8, 24, 8, 97, 512, 40, 40), 4, {}),  # D off the bucket
     "long_s4096": ((2, 8, 8, 300, 4096, 64, 64), 16, {}),  # 16 tiles
+    "long_s8192_default": ((1, 4, 4, 200, 8192, 64, 64), 32, {}),  # 32 tiles: the default limit
 }
 
 

@@ -1777,8 +1777,8 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // causal, no key_lengths, Sk a multiple of 256, a positive scale -- since the kernel scores every
   // tile as all visible (its with_scoring). The H200's same-process A/B (session 28, fp16, against
   // the default then): the seed's S=1024 -3 %, B=2 H=16 S=1024 -6.5 %, B=8 H=12 S=1024 -8 %, the
-  // seed's S=2048 -9 %, B=4 H=16 S=4096 -9 %, BERT's S=512 -4 %; one tile (B=8 H=12 S=256) +10 %:
-  // hence >= 2 tiles, and 16 (Plan::seq_wide_tiles) the longest measured.
+  // seed's S=2048 -9 %, B=4 H=16 S=4096 -9 %, B=2 H=16 S=8192 -9 %, BERT's S=512 -4 %; one tile
+  // (B=8 H=12 S=256) +10 %, 64 tiles (B=1 H=16 S=16384) level: hence 2 to 32 (Plan::seq_wide_tiles).
   if (kD == 64 && plan.seq_wide_tiles > 0 && (mode == hopper::kPlain || mode == hopper::kPlainSeq) &&
       a.sk_count == nullptr && a.causal == 0 && a.key_lengths == nullptr && a.scale_log2 > 0.0f &&
       a.seq_k % WideCfg::kBN == 0 && a.seq_k >= 2 * WideCfg::kBN &&
