@@ -84,8 +84,8 @@ SHORT128 = [(1, 16, 512, 128, torch.bfloat16, 0), (8, 16, 512, 128, torch.bfloat
 WIDE = [(1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0), (8, 12, 512, 64, torch.float16, 0),
         (8, 12, 256, 64, torch.float16, 0), (2, 16, 1024, 64, torch.float16, 0), (8, 12, 1024, 64, torch.float16, 0),
         (4, 16, 4096, 64, torch.float16, 0), (1, 12, 512, 64, torch.float16, 0)]
-# widelong: D = 64 grids beyond the 256-key tiles' default limit (16 tiles, 4096 keys), for
-# OPSFUSE_CUDA_HOPPER_SEQ_WIDE=64 against it: where the limit should lie
+# widelong: D = 64 grids beyond 16 wide tiles (4096 keys), the default limit when it was measured
+# (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=64 against it), which set today's 32
 WIDELONG = [(2, 16, 8192, 64, torch.float16, 0), (1, 16, 16384, 64, torch.float16, 0), (1, 12, 4096, 64, torch.float16, 0)]
 # probe128: small D <= 128 grids whose portable plan splits the keys (<= 66 blocks of 128 rows at
 # D = 128, of 64 rows at D = 64, and >= 8 key tiles of 64), which hopper_eligible() left to the
