@@ -47,9 +47,6 @@
 //   OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N (A/B, tests) plain launches at D <= 64 over 2 to N whole 256-key
 //                                  tiles run in sequence on 256-key tiles (kPlainSeqWide,
 //                                  launch_hopper; default 32); 0 never.
-//   OPSFUSE_CUDA_HOPPER_SEQ_MASK=N (A/B, tests) launches with a mask read as pairs at D = 64 over
-//                                  <= N key tiles run them in sequence (kMaskAddSeq / kMaskBoolSeq,
-//                                  launch_hopper; default 0: never).
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -158,7 +155,7 @@ Switches read_switches() {
       "DISABLE_HOPPER",    "FORCE_HOPPER",       "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
       "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT",     "HOPPER_CHAIN",
-      "HOPPER_PDL",        "HOPPER_SEQ",        "HOPPER_SEQ_D128", "HOPPER_SEQ_WIDE",     "HOPPER_SEQ_MASK",
+      "HOPPER_PDL",        "HOPPER_SEQ",        "HOPPER_SEQ_D128", "HOPPER_SEQ_WIDE",
       "DECODE_SPLITS",     "DECODE_NO_CLUSTER",
       "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
@@ -561,7 +558,6 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   if (const char* seq = sw.get(Switch::kHopperSeq)) plan.seq_tiles = std::max(0, std::atoi(seq));
   if (const char* seq = sw.get(Switch::kHopperSeqD128)) plan.seq_tiles_d128 = std::max(0, std::atoi(seq));
   if (const char* seq = sw.get(Switch::kHopperSeqWide)) plan.seq_wide_tiles = std::max(0, std::atoi(seq));
-  if (const char* seq = sw.get(Switch::kHopperSeqMask)) plan.seq_mask_tiles = std::max(0, std::atoi(seq));
   if (const char* promo = sw.get(Switch::kDecodeL2Promotion)) plan.l2_promotion = std::atoi(promo);
   plan.evict_first = !sw.is(Switch::kDecodeEvictFirst, '0');
   return plan;

@@ -99,7 +99,6 @@ enum class Switch : int {
   kHopperSeq,           // OPSFUSE_CUDA_HOPPER_SEQ
   kHopperSeqD128,       // OPSFUSE_CUDA_HOPPER_SEQ_D128
   kHopperSeqWide,       // OPSFUSE_CUDA_HOPPER_SEQ_WIDE
-  kHopperSeqMask,       // OPSFUSE_CUDA_HOPPER_SEQ_MASK
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -167,9 +166,6 @@ struct Plan {
   int seq_wide_tiles = 32;     // kHopper: plain launches at D <= 64 over 2 to this many whole 256-key
                                // tiles run in sequence on 256-key tiles (kPlainSeqWide, launch_hopper;
                                // OPSFUSE_CUDA_HOPPER_SEQ_WIDE); 0 never
-  int seq_mask_tiles = 0;      // kHopper: pair-mask launches at D = 64 over <= this many key tiles run
-                               // them in sequence (kMaskAddSeq / kMaskBoolSeq, launch_hopper;
-                               // OPSFUSE_CUDA_HOPPER_SEQ_MASK); 0 never
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
   bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };

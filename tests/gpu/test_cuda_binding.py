@@ -447,63 +447,6 @@ def test_short_items_in_sequence(dtype, case, monkeypatch):
                            what=f"short items in sequence {case} (seed {seed})")
 
 
-def padding_mask(rng, dtype, b, sk, fill):
-    """A (B,1,1,Sk) padding mask: row i keeps a random visible prefix (at least one key), the tail is
-    `fill` (bool False, or an additive -inf / the type's lowest value)."""
-    lengths = rng.integers(1, sk + 1, size=b)
-    lengths[0] = sk
-    keep = np.arange(sk)[None, :] < lengths[:, None]
-    if fill is False:
-        return keep.reshape(b, 1, 1, sk)
-    return np.where(keep, 0.0, fill).astype(dtype).reshape(b, 1, 1, sk)
-
-
-MASK_SEQ_CASES = {
-    # name: (b, hq, hkv, sq, sk, d, dv), mask kind, attrs, key lengths; pair-mask launches at D <= 64
-    # over <= 8 key tiles (kMaskAddSeq / kMaskBoolSeq under OPSFUSE_CUDA_HOPPER_SEQ_MASK=8)
-    "bert_s512_floor": ((8, 12, 12, 512, 512, 64, 64), "floor", {}, None),  # a persistent grid, 4 tiles
-    "bert_s128_floor": ((8, 12, 12, 128, 128, 64, 64), "floor", {}, None),  # one tile
-    "bool_pad_sk300_gqa3": ((6, 6, 2, 200, 300, 64, 64), "bool_pad", {}, None),  # a partial last tile
-    "neg_inf_pad_causal1": ((4, 4, 4, 390, 390, 64, 64), "inf_pad", {"is_causal": 1}, None),
-    "elementwise_causal2_kl": ((3, 4, 2, 100, 258, 40, 40), "additive", {"is_causal": 2}, [258, 0, 131]),
-    "bool_elementwise_sk1000": ((2, 4, 4, 130, 1000, 64, 64), "bool", {}, None),  # 8 tiles
-}
-
-
-@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("case", sorted(MASK_SEQ_CASES))
-def test_masked_items_in_sequence(dtype, case, monkeypatch):
-    """Masked items in sequence (the Hopper kernel's kMaskAddSeq / kMaskBoolSeq, by
-    OPSFUSE_CUDA_HOPPER_SEQ_MASK=8) against the same launch with the overlapped key loop (=0): each
-    key tile's S, masked softmax and P V only run in another order, so the outputs are bitwise
-    equal, and within the 2x rule. (That the in-sequence kernel ran is the check driver's to assert:
-    its seqmask cases fail on any other mode.)"""
-    require_cuda_module()
-    (b, hq, hkv, sq, sk, d, dv), kind, attrs, lengths = MASK_SEQ_CASES[case]
-    rng, seed = fresh_rng()
-    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
-    lowest = float(ml_dtypes.finfo(dtype).min)
-    if kind == "floor":
-        mask = padding_mask(rng, dtype, b, sk, lowest)
-    elif kind == "inf_pad":
-        mask = padding_mask(rng, dtype, b, sk, -np.inf)
-    elif kind == "bool_pad":
-        mask = padding_mask(rng, dtype, b, sk, False)
-    elif kind == "bool":
-        mask = rng.random((b, 1, sq, sk)) < 0.7
-    else:
-        mask = rng.standard_normal((sq, sk))
-        mask[rng.random(mask.shape) < 0.1] = -np.inf
-        mask = mask.astype(dtype)
-    kl = None if lengths is None else np.asarray(lengths, dtype=np.int32)
-    envs = {"in_sequence": {"OPSFUSE_CUDA_HOPPER_SEQ_MASK": "8"},
-            "overlapped": {"OPSFUSE_CUDA_HOPPER_SEQ_MASK": "0"}}
-    outs = outputs_under(monkeypatch, envs, q, k, v, mask, kl, **attrs)
-    assert_same_bits(outs, seed)
-    assert_within_2x_torch(outs["in_sequence"], q, k, v, mask, kl, None, attrs.get("is_causal", 0),
-                           what=f"masked items in sequence {case} (seed {seed})")
-
-
 WIDE_CASES = {
     # name: (b, hq, hkv, sq, sk, d, dv), the 256-key tile limit (OPSFUSE_CUDA_HOPPER_SEQ_WIDE), extra
     # switches; plain D <= 64 launches whose keys fill 2 or more whole 256-key tiles (kPlainSeqWide)

@@ -375,13 +375,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kSplitWG = kMode == kPlainSplit;
   constexpr bool kChain = kMode == kPlainChain;
   constexpr bool kSeqWide = kMode == kPlainSeqWide;
-  constexpr bool kMaskSeq = kMode == kMaskAddSeq || kMode == kMaskBoolSeq;
-  constexpr bool kSeq = kMode == kPlainSeq || kSeqWide || kMaskSeq;
+  constexpr bool kSeq = kMode == kPlainSeq || kSeqWide;
   static_assert(!kSeq || kD <= 128, "kPlainSeq: compiled at D = 64 and 128 only");
   static_assert(!kSeqWide || kD == 64, "kPlainSeqWide: compiled at D = 64 only");
-  static_assert(!kMaskSeq || kD == 64, "kMaskAddSeq / kMaskBoolSeq: compiled at D = 64 only");
-  // no mask, no softcap, 128-row items
-  constexpr bool kPlainScores = kMode == kPlain || kChain || kMode == kPlainSeq || kSeqWide;
+  constexpr bool kPlainScores = kMode == kPlain || kChain || kSeq;  // no mask, no softcap, 128-row items
   constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
@@ -798,8 +795,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     int key_limit[2] = {row_info(0).key_limit, row_info(1).key_limit};
     constexpr bool kElementwise = kMode == kGeneral;  // scores through full_score()
-    constexpr bool kBoolMask = kMode == kMaskBool || kMode == kMaskBoolSeq;
-    constexpr bool kPairMask = kMode == kMaskAdd || kBoolMask || kMaskSeq;
+    constexpr bool kPairMask = kMode == kMaskAdd || kMode == kMaskBool;
     constexpr bool elementwise = kElementwise;
 
     float o[kD / 2];
@@ -864,7 +860,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (T) or [8e, 8e+8) (bool). A pair is read when its first element is below the row's key limit
     // (<= Sk; see mask_pair_load); a row shared by both rows (mask_stride[2] == 0, padding masks) is
     // read once.
-    constexpr int kMaskBytes = kBoolMask ? 1 : 2;
+    constexpr int kMaskBytes = kMode == kMaskBool ? 1 : 2;
     // Row 1 (rbase + 8) is at mrow0 + 8 rows whenever it is valid (then row 0 is too), so only
     // row 0's pointer stays in a register (the strides are kernel parameters).
     const char* mrow0 = nullptr;
@@ -926,7 +922,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t raw = mraw[e >> 1][i];
             float x = s[i * 4 + e] * a.scale;
             bool vis = j < key_limit[e >> 1];
-            if constexpr (kBoolMask) {
+            if constexpr (kMode == kMaskBool) {
               vis = vis && ((raw >> (8 * (e & 1))) & 0xffu) != 0;
             } else {
               const unsigned short bits = static_cast<unsigned short>(raw >> (16 * (e & 1)));
@@ -1094,7 +1090,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // not compute the 16 store addresses ahead of the key loop and keep them there (with them the
       // wide step's wgmmas were serialized, C7512).
       int lane_ = lane, warp_ = warp;
-      if constexpr (kSeqWide || kMaskSeq) {
+      if constexpr (kSeqWide) {
         uint32_t tx;
         asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
         lane_ = static_cast<int>(tx % 32), warp_ = static_cast<int>((tx % 128) / 32);
@@ -1400,32 +1396,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         // run meanwhile), O's rescale (P(it-1) V(it-1) is done), P V, waited for. Each warpgroup
         // takes n_tiles turns (the steps' passes; warpgroup 1 skips its last), as the pairing above
         // counts them. The same arithmetic as the overlapped step, in the same order.
-        // Pair masks (kMaskAddSeq / kMaskBoolSeq): the next tile's class is loaded before the S wait
-        // and the tile's own pairs after it, ahead of the turn's wait (loaded before it, beside S's
-        // registers, they made ptxas spill per-item values and reload one per tile); a tile of masked
-        // keys only (kScoreNone) skips its S product, as in the overlapped step, and its P (zeros) V
-        // still runs, as there.
         for (int it = my_begin; it < t_end; ++it) {
-          with_scoring(it, cls_next, [&](auto variant) {
-            constexpr int kV = decltype(variant)::value;
+          with_scoring(it, kTileMixed, [&](auto variant) {
             const int st = stage_of(it);
-            if constexpr (kMaskSeq) {
-              if (it + 1 < t_end) class_load(it + 1);
-            }
             mbar_wait(bar_kfull(st), parity_of(it));
             __syncwarp();
-            if constexpr (kSeqWide || kMaskSeq) reg_define(s);
+            if constexpr (kSeqWide) reg_define(s);
             wgmma_fence();
-            if constexpr (kV != kScoreNone) issue_qk(st);
+            issue_qk(st);
             wgmma_commit();
             wgmma_wait<0>();
             reg_fence(s);
             if (lane == 0) release(bar_kempty(st));
             if (it == my_last && lane == 0) mbar_arrive(bar_qempty(round));
-            if constexpr (kV == kScoreMask) load_mask(it);
-            if constexpr (kMaskSeq) {
-              if (it + 1 < t_end) cls_next = class_vote(it + 1);
-            }
             turn_wait();
             softmax(it, variant, std::false_type{});
             if (!kLazy || rescale_due) rescale_o();
@@ -1480,9 +1463,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         turn_pass(true);
         if (odd_turn) turn_wait();
       }
-      // V's bias while the product runs (D = 64: at 128 and 256 the 16 / 32 registers spilled, and
-      // in the masked kernels in sequence, whose pair-mask state is live beside them).
-      if constexpr (kD == 64 && !kMaskSeq) {
+      // V's bias while the product runs (D = 64: at 128 and 256 the 16 / 32 registers spilled).
+      if constexpr (kD == 64) {
         if (a.v_bias != nullptr) load_v_bias();
       }
       wgmma_wait<0>();
@@ -1802,12 +1784,6 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       a.seq_k % WideCfg::kBN == 0 && a.seq_k >= 2 * WideCfg::kBN &&
       a.seq_k <= static_cast<int64_t>(plan.seq_wide_tiles) * WideCfg::kBN)
     mode = hopper::kPlainSeqWide;
-  // Masked items in sequence (kMaskAddSeq / kMaskBoolSeq, D = 64): the pair-mask launches over at
-  // most Plan::seq_mask_tiles key tiles (OPSFUSE_CUDA_HOPPER_SEQ_MASK=N), kPlainSeq's order with the
-  // pair masks' scoring.
-  if (kD == 64 && plan.seq_mask_tiles > 0 && (mode == hopper::kMaskAdd || mode == hopper::kMaskBool) &&
-      a.sk_count == nullptr && a.seq_k <= static_cast<int64_t>(plan.seq_mask_tiles) * Cfg::kBN)
-    mode = mode == hopper::kMaskAdd ? hopper::kMaskAddSeq : hopper::kMaskBoolSeq;
   const bool wide = mode == hopper::kPlainSeqWide;
   const int keys_per_tile = wide ? WideCfg::kBN : Cfg::kBN;
   const int smem_bytes = wide ? WideCfg::kSmem : Cfg::kSmem;
@@ -1830,15 +1806,6 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
         if constexpr (kD == 64) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeqWide>;
         else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
       };
-      // kMaskAddSeq / kMaskBoolSeq at D = 64 only.
-      auto mask_seq = [](bool add) {
-        if constexpr (kD == 64) {
-          return add ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAddSeq>
-                     : hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBoolSeq>;
-        } else {
-          return hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
-        }
-      };
       return mode == hopper::kPlain          ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
              : mode == hopper::kPlainChain   ? chain()
              : mode == hopper::kPlainSeq     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeq>
@@ -1846,8 +1813,6 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
              : mode == hopper::kPlainSplit ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSplit>
              : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
              : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>
-             : mode == hopper::kMaskAddSeq  ? mask_seq(true)
-             : mode == hopper::kMaskBoolSeq ? mask_seq(false)
                                          : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
     }
   }();

@@ -34,8 +34,6 @@ namespace opsfuse::cuda::detail::hopper {
 //             Plan::seq_wide_tiles allows it): half the steps per item, so half the per-tile
 //             latencies that pace the D = 64 step (the S and P V waits, the row max's shuffles, the
 //             turn), with twice the independent work in each softmax.
-//  kMaskAddSeq / kMaskBoolSeq  kMaskAdd / kMaskBool's scoring (pair loads, tile classes) at D = 64
-//             with kPlainSeq's order: short masked items (launch_hopper, Plan::seq_mask_tiles).
 enum Mode : int {
   kPlain = 0,
   kGeneral = 1,
@@ -44,10 +42,8 @@ enum Mode : int {
   kPlainSplit = 4,
   kPlainChain = 5,
   kPlainSeq = 6,
-  kPlainSeqWide = 7,
-  kMaskAddSeq = 8,
-  kMaskBoolSeq = 9
+  kPlainSeqWide = 7
 };
-constexpr int kModes = 10;
+constexpr int kModes = 8;
 
 }  // namespace opsfuse::cuda::detail::hopper

@@ -75,9 +75,6 @@ struct Case {
   int wide = 0;      // Hopper cases: > 0 = OPSFUSE_CUDA_HOPPER_SEQ_WIDE=wide (in sequence on 256-key
                      // tiles, kPlainSeqWide), which must have run exactly where its rule allows
                      // (wide_allowed)
-  int seqmask = 0;   // Hopper cases: > 0 = OPSFUSE_CUDA_HOPPER_SEQ_MASK=seqmask (masked items in
-                     // sequence, kMaskAddSeq / kMaskBoolSeq), which must have run exactly where its
-                     // rule allows (seqmask_allowed)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -324,7 +321,6 @@ void set_schedule_switches(const Case& c) {
   if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
   if (c.wg_split) setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "1", 1);
   if (c.wide > 0) setenv("OPSFUSE_CUDA_HOPPER_SEQ_WIDE", std::to_string(c.wide).c_str(), 1);
-  if (c.seqmask > 0) setenv("OPSFUSE_CUDA_HOPPER_SEQ_MASK", std::to_string(c.seqmask).c_str(), 1);
 }
 
 // An environment variable's value as the caller set it ("" when unset), and putting it back.
@@ -349,7 +345,6 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   const std::string sched_env = env_value("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
   const std::string wg_env = env_value("OPSFUSE_CUDA_HOPPER_WG_SPLIT");
   const std::string wide_env = env_value("OPSFUSE_CUDA_HOPPER_SEQ_WIDE");
-  const std::string seqmask_env = env_value("OPSFUSE_CUDA_HOPPER_SEQ_MASK");
   for (int pass = 0; pass < 2; ++pass) {
     // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
     if (pass == 0) {
@@ -369,7 +364,6 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       if (c.stream_k) restore_env("OPSFUSE_CUDA_HOPPER_STREAM_K", sk_env);
       if (c.wg_split) restore_env("OPSFUSE_CUDA_HOPPER_WG_SPLIT", wg_env);
       if (c.wide > 0) restore_env("OPSFUSE_CUDA_HOPPER_SEQ_WIDE", wide_env);
-      if (c.seqmask > 0) restore_env("OPSFUSE_CUDA_HOPPER_SEQ_MASK", seqmask_env);
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
     }
@@ -415,16 +409,6 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
               "short items in sequence", "taken beyond the OPSFUSE_CUDA_HOPPER_SEQ(_D128) limit or where 256-key tiles apply");
   expect_mode(c.wide != 0, opsfuse::cuda::detail::hopper::kPlainSeqWide, wide_allowed,
               "short items in sequence on 256-key tiles", "taken where its rule does not allow it");
-  // Masked items in sequence: D <= 64 launches whose mask the pair loads read (no softcap, an even
-  // Sk: the cases' mask layouts are otherwise all pair-aligned), over <= the limit's key tiles.
-  const std::string seqmask_env_now = c.seqmask > 0 ? std::to_string(c.seqmask) : env_value("OPSFUSE_CUDA_HOPPER_SEQ_MASK");
-  const int seqmask_limit = !seqmask_env_now.empty() ? std::atoi(seqmask_env_now.c_str()) : defaults.seq_mask_tiles;
-  const bool seqmask_allowed = !wide && c.mask != MaskKind::kNone && !(c.softcap > 0.0f) && c.Sk % 2 == 0 &&
-                               c.stream_k == 0 && (c.Sk + 127) / 128 <= seqmask_limit;
-  expect_mode(c.seqmask != 0 && c.mask == MaskKind::kBool, opsfuse::cuda::detail::hopper::kMaskBoolSeq,
-              seqmask_allowed, "masked items in sequence", "taken where its rule does not allow it");
-  expect_mode(c.seqmask != 0 && c.mask != MaskKind::kBool, opsfuse::cuda::detail::hopper::kMaskAddSeq,
-              seqmask_allowed, "masked items in sequence", "taken where its rule does not allow it");
   return ok;
 }
 
@@ -741,25 +725,6 @@ int main(int argc, char** argv) {
       {"hop f16 d64 bias tail 140x64", H, 2, 70, 14, 64, 130, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 1, 0, 1},
       {"hop f16 d64 bias streamk short items", H, 3, 5, 5, 1100, 300, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 1, 1},
       {"hop bf16 d256/200 bias causal2 gqa2", BF, 2, 4, 2, 130, 260, 256, 200, 2, 0.f, MB, 4, 32, 0, 0, 0, 0, 1},
-      // Masked items in sequence (kMaskAddSeq / kMaskBoolSeq, OPSFUSE_CUDA_HOPPER_SEQ_MASK=N as the
-      // last field; it must run where its rule allows): BERT's floor-valued padding in a persistent
-      // grid (4 key tiles) and with Q / V biases (the packed projection's); padding classes over Sk
-      // = 300 (bool, every class, a prefix inside a pair); an element-wise additive mask with causal
-      // 2 and GQA 2; bool (B,1,Sq,Sk) with key_lengths, D = 40, Sq = 97; a padding mask with causal
-      // 2 and key_lengths in the dynamic order; 2 key splits in a cluster over 8 tiles; the tail
-      // split with an additive mask over one tile; and where it must not run: beyond the limit
-      // (Sk = 1280 over 8), an odd Sk (the general scoring), softcap.
-      {"hop f16 d64 seqmask floorpad persistent 512", H, 6, 12, 12, 512, 512, 64, 64, 0, 0.f, MA, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 4},
-      {"hop bf16 d64 seqmask floorpad bias 512", BF, 6, 12, 12, 512, 512, 64, 64, 0, 0.f, MA, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 4},
-      {"hop f16 d64 seqmask boolpad classes 300", H, 6, 4, 4, 200, 300, 64, 64, 0, 0.f, MB, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
-      {"hop bf16 d64 seqmask addmask causal2 gqa2", BF, 1, 4, 2, 100, 258, 64, 64, 2, 0.f, MA, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
-      {"hop f16 d40 seqmask boolmask kl32 Sq97", H, 2, 6, 3, 97, 390, 40, 40, 0, 0.f, MB, 4, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
-      {"hop bf16 d64 seqmask addpad dynamic causal2 kl64", BF, 6, 40, 10, 300, 520, 64, 64, 2, 0.f, MA, 3, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0, 8},
-      {"hop f16 d64 seqmask split2 addpad 1000", H, 6, 2, 2, 130, 1000, 64, 64, 0, 0.f, MA, 3, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 8},
-      {"hop bf16 d64 seqmask tail Sk100 addmask gqa3", BF, 2, 9, 3, 1200, 100, 64, 64, 0, 0.f, MA, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 4},
-      {"hop f16 d64 seqmask not beyond 1280", H, 6, 4, 4, 300, 1280, 64, 64, 0, 0.f, MA, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8},
-      {"hop bf16 d64 seqmask not odd Sk 301", BF, 6, 2, 1, 200, 301, 64, 64, 0, 0.f, MA, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
-      {"hop f16 d64 seqmask not softcap", H, 2, 4, 2, 257, 520, 64, 64, 0, 30.f, MB, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -793,9 +758,8 @@ int main(int argc, char** argv) {
   // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
   // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
   // warpgroup-split and chaining cases, three bias cases (key splits, the tail split, softcap's
-  // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq), two on 256-key
-  // tiles and two masked ones in sequence; the other persistent-grid cases are too large for
-  // racecheck's pace.
+  // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq); the other
+  // persistent-grid cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
@@ -804,8 +768,7 @@ int main(int argc, char** argv) {
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
                                 "hop f16 d128 chain quick 270x2048", "hop f16 d64 seq seed 12x128",
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
-                                "hop bf16 d40 wide Sq97 gqa3 512", "hop f16 d64 seqmask boolpad classes 300",
-                                "hop bf16 d64 seqmask addmask causal2 gqa2"};
+                                "hop bf16 d40 wide Sq97 gqa3 512"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
