@@ -118,6 +118,16 @@ namespace hopper {
 constexpr bool kLazyRescale = OPSFUSE_HOPPER_LAZY_RESCALE != 0;
 constexpr float kRescaleSlack = 8.0f;
 
+// Row sums on the tensor cores (A/B knob, compile time, default 0: the shipped kernels unchanged):
+// in the in-sequence D = 64 kernels (kPlainSeq, kPlainSeqWide) O += P V runs as m64n72k16, whose
+// ninth 8-column group reads a block of ones in shared memory, so that O's extra accumulators hold
+// l = sum of the rounded P, rescaled with O by alpha: the softmax drops its 64 (128 at 256 keys)
+// additions per thread and tile, the tensor cores take 12.5 % more P V work.
+#ifndef OPSFUSE_HOPPER_SUM_ON_TENSOR
+#define OPSFUSE_HOPPER_SUM_ON_TENSOR 0
+#endif
+constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
+
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups
@@ -145,8 +155,10 @@ struct Config {
   static constexpr bool kOStage = kD <= 128;
   static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
   static constexpr int kKVBytes = kBN * kD * 2;  // one K (or V) tile
+  // kSumOnTensor: a 2 KB block of ones (16 keys x 64 columns) per consumer warpgroup after the output tile.
+  static constexpr int kOnesBytes = kSumOnTensor && kD == 64 ? 2 * 2048 : 0;
   static constexpr int kSmem =
-      (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + 1024;  // + alignment slack
+      (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + kOnesBytes + 1024;  // + alignment slack
 };
 // The configuration of mode kMode's instantiation (hopper_modes.h).
 template <int kD, int kMode>
@@ -244,6 +256,12 @@ __device__ __forceinline__ void mma_pv(float (&d)[kD / 2], const uint32_t (&a)[4
       OPSFUSE_WGMMA_RS_N128(".f16.f16");
     } else {
       OPSFUSE_WGMMA_RS_N128(".bf16.bf16");
+    }
+  } else if constexpr (kD == 72) {  // D = 64 and the row sums' column group (kSumOnTensor)
+    if constexpr (std::is_same_v<T, __half>) {
+      OPSFUSE_WGMMA_RS_N72(".f16.f16");
+    } else {
+      OPSFUSE_WGMMA_RS_N72(".bf16.bf16");
     }
   } else {
     if constexpr (std::is_same_v<T, __half>) {
@@ -379,6 +397,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!kSeq || kD <= 128, "kPlainSeq: compiled at D = 64 and 128 only");
   static_assert(!kSeqWide || kD == 64, "kPlainSeqWide: compiled at D = 64 only");
   constexpr bool kPlainScores = kMode == kPlain || kChain || kSeq;  // no mask, no softcap, 128-row items
+  // Row sums on the tensor cores (kSumOnTensor): O's accumulators grow by one 8-column group.
+  constexpr bool kSumTensor = kSumOnTensor && kD == 64 && kSeq;
+  constexpr int kOCols = kD + (kSumTensor ? 8 : 0);
   constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
@@ -396,6 +417,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
   const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kKVBytes
   const uint32_t sO = sK + 2 * kStages * Cfg::kKVBytes;  // the output tile (Config::kOStage)
+  const uint32_t sOnes = sO + (Cfg::kOStage ? Cfg::kQBytes : 0);  // kSumTensor: 2 KB per consumer warpgroup
   auto bar_kfull = [&](int s) { return smem_u32(&bars[s]); };
   auto bar_vfull = [&](int s) { return smem_u32(&bars[kStages + s]); };
   auto bar_kempty = [&](int s) { return smem_u32(&bars[2 * kStages + s]); };
@@ -706,6 +728,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
+  if constexpr (kSumTensor) {
+    // This warpgroup's block of ones (T 1.0 = 0x3C00 / 0x3F80), 16 bytes per thread, made visible to
+    // the async proxy that wgmma reads shared memory through.
+    const uint32_t one2 = std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sOnes + cw * 2048 + t * 16), "r"(one2)
+                 : "memory");
+    fence_proxy_async_smem();
+    if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+  }
 #ifdef OPSFUSE_HOPPER_TRACE
   // Diagnostic builds only: event e of round r of this block's warpgroup cw, as globaltimer ns at
   // a.trace[((block * 2 + cw) * 64 + r) * 32 + e] and as the SM's clock at e + 8 of that row
@@ -798,9 +830,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr bool kPairMask = kMode == kMaskAdd || kMode == kMaskBool;
     constexpr bool elementwise = kElementwise;
 
-    float o[kD / 2];
+    float o[kOCols / 2];  // kSumTensor: o[kD / 2 + 2 hh] is row hh's sum, the same in the quad's lanes
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+    for (int i = 0; i < kOCols / 2; ++i) o[i] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float alpha[2] = {1.0f, 1.0f};
     // kLazyRescale at D >= 128 in the plain kernels only: in the others (first tile inside the key
@@ -845,8 +877,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint64_t v_desc = smem_desc(vb, kBN * 128, 1024);
 #pragma unroll
       for (int kk = decltype(from)::value; kk < decltype(to)::value; ++kk) {
-        if constexpr (kD >= 128) mma_pv<T, kD>(o, pf[kk], desc_plus(v_desc, kk * 16 * 128));
-        else mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
+        if constexpr (kD >= 128) {
+          mma_pv<T, kD>(o, pf[kk], desc_plus(v_desc, kk * 16 * 128));
+        } else if constexpr (kSumTensor) {
+          // The second 64-column region (LBO bytes on) is this warpgroup's block of ones.
+          const uint32_t at = vb + kk * 16 * 128;
+          mma_pv<T, kOCols>(o, pf[kk], smem_desc(at, sOnes + cw * 2048 - at, 1024));
+        } else {
+          mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
+        }
       }
     };
     // Scores of tile `it` in the log2 domain, online softmax; s becomes exp2(s - max).
@@ -888,6 +927,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto is_boundary = [&](int it) { return it * kBN + kBN > kr.all_visible || !(a.scale_log2 > 0.0f); };
     // l = l * alpha + this tile's row sum (even and odd columns summed apart, then added).
     auto row_sums = [&]() {
+      if constexpr (kSumTensor) return;  // in O's last column group
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float sum0 = 0.0f, sum1 = 0.0f;
@@ -1056,7 +1096,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto rescale_o_by = [&](const float (&f)[2]) {
 #pragma unroll
-      for (int i = 0; i < kD / 8; ++i) {
+      for (int i = 0; i < kOCols / 8; ++i) {
         o[i * 4 + 0] *= f[0];
         o[i * 4 + 1] *= f[0];
         o[i * 4 + 2] *= f[1];
@@ -1470,6 +1510,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       reg_fence(o);
       OPSFUSE_HOPPER_STAMP(5);  // the last P V product is done
+      if constexpr (kSumTensor) {
+        // The whole row's sum, in every lane of the quad: one lane's share, so that the quad sums
+        // below (and the merges) see l exactly.
+        l_run[0] = lane % 4 == 0 ? o[kD / 2] : 0.0f;
+        l_run[1] = lane % 4 == 0 ? o[kD / 2 + 2] : 0.0f;
+      }
       // The last tile's V stage goes back to the producer too: with a persistent grid the ring
       // continues into the block's next item, whose producer waits for this stage's release when
       // the ring comes round to it (kStages tiles later); without this arrive it waits forever.
