@@ -70,6 +70,7 @@
 //    D = 64, <= 4 at D = 128, by default): each key tile's S, softmax (under the turn) and P V one
 //    after the other, no first tile of its own and no trailing P V -- a kernel a quarter smaller,
 //    faster on short items; on long key loops kPlain's overlap of the softmax with P V pays more.
+//    In kPlainSeqWide the row sums come out of the P V product (kSumOnTensor).
 //
 // Why raw PTX (inline asm) and not CUTLASS/CuTe: the kernel needs ~10 instructions (wgmma
 // fence/commit/wait/mma_async, cp.async.bulk.tensor, mbarrier init/arrive/expect_tx/try_wait,
@@ -118,13 +119,16 @@ namespace hopper {
 constexpr bool kLazyRescale = OPSFUSE_HOPPER_LAZY_RESCALE != 0;
 constexpr float kRescaleSlack = 8.0f;
 
-// Row sums on the tensor cores (A/B knob, compile time, default 0: the shipped kernels unchanged):
-// in the in-sequence D = 64 kernels (kPlainSeq, kPlainSeqWide) O += P V runs as m64n72k16, whose
-// ninth 8-column group reads a block of ones in shared memory, so that O's extra accumulators hold
-// l = sum of the rounded P, rescaled with O by alpha: the softmax drops its 64 (128 at 256 keys)
-// additions per thread and tile, the tensor cores take 12.5 % more P V work.
+// Row sums on the tensor cores, in kPlainSeqWide (D = 64 on 256-key tiles): O += P V runs as
+// m64n72k16, whose ninth 8-column group reads a block of ones in shared memory, so that O's extra
+// accumulators hold l = the sum of the rounded P, rescaled with O by alpha. Its softmax, which runs
+// under the pingpong's turn, drops its 128 additions per thread and tile; the tensor cores take
+// 12.5 % more P V work. The H200 A/B (docs/notes/cuda_kernel.md, session 30): -2.3 to -3.4 % at 2-16
+// wide tiles; in kPlainSeq on 128-key tiles level to +1.3 %, so that kernel keeps float32 sums (as
+// does kPlain, where the same change measured +2-4 %: session 20). The macro (compile time, A/B
+// builds): 0 turns it off.
 #ifndef OPSFUSE_HOPPER_SUM_ON_TENSOR
-#define OPSFUSE_HOPPER_SUM_ON_TENSOR 0
+#define OPSFUSE_HOPPER_SUM_ON_TENSOR 1
 #endif
 constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 
@@ -155,8 +159,9 @@ struct Config {
   static constexpr bool kOStage = kD <= 128;
   static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
   static constexpr int kKVBytes = kBN * kD * 2;  // one K (or V) tile
-  // kSumOnTensor: a 2 KB block of ones (16 keys x 64 columns) per consumer warpgroup after the output tile.
-  static constexpr int kOnesBytes = kSumOnTensor && kD == 64 ? 2 * 2048 : 0;
+  // kSumOnTensor (kPlainSeqWide): a 2 KB block of ones (16 keys x 64 columns) per consumer warpgroup
+  // after the output tile.
+  static constexpr int kOnesBytes = kSumOnTensor && kD == 64 && kKeys == 256 ? 2 * 2048 : 0;
   static constexpr int kSmem =
       (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + kOnesBytes + 1024;  // + alignment slack
 };
@@ -398,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!kSeqWide || kD == 64, "kPlainSeqWide: compiled at D = 64 only");
   constexpr bool kPlainScores = kMode == kPlain || kChain || kSeq;  // no mask, no softcap, 128-row items
   // Row sums on the tensor cores (kSumOnTensor): O's accumulators grow by one 8-column group.
-  constexpr bool kSumTensor = kSumOnTensor && kD == 64 && kSeq;
+  constexpr bool kSumTensor = kSumOnTensor && kSeqWide;
   constexpr int kOCols = kD + (kSumTensor ? 8 : 0);
   constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
