@@ -247,22 +247,22 @@ __device__ __forceinline__ void mma_qk(float (&d)[kN / 2], uint64_t desc_a, uint
     }
   }
 }
-template <typename T, int kD>
-__device__ __forceinline__ void mma_pv(float (&d)[kD / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+template <typename T, int kN>
+__device__ __forceinline__ void mma_pv(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   const uint32_t scale_d = 1;
-  if constexpr (kD == 256) {
+  if constexpr (kN == 256) {
     if constexpr (std::is_same_v<T, __half>) {
       OPSFUSE_WGMMA_RS_N256(".f16.f16");
     } else {
       OPSFUSE_WGMMA_RS_N256(".bf16.bf16");
     }
-  } else if constexpr (kD == 128) {
+  } else if constexpr (kN == 128) {
     if constexpr (std::is_same_v<T, __half>) {
       OPSFUSE_WGMMA_RS_N128(".f16.f16");
     } else {
       OPSFUSE_WGMMA_RS_N128(".bf16.bf16");
     }
-  } else if constexpr (kD == 72) {  // D = 64 and the row sums' column group (kSumOnTensor)
+  } else if constexpr (kN == 72) {  // O at D = 64 and the row sums' column group (kSumOnTensor)
     if constexpr (std::is_same_v<T, __half>) {
       OPSFUSE_WGMMA_RS_N72(".f16.f16");
     } else {
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!kSeqWide || kD == 64, "kPlainSeqWide: compiled at D = 64 only");
   constexpr bool kPlainScores = kMode == kPlain || kChain || kSeq;  // no mask, no softcap, 128-row items
   // Row sums on the tensor cores (kSumOnTensor): O's accumulators grow by one 8-column group.
-  constexpr bool kSumTensor = kSumOnTensor && kSeqWide;
+  constexpr bool kSumTensor = Cfg::kOnesBytes > 0;  // kPlainSeqWide, unless OPSFUSE_HOPPER_SUM_ON_TENSOR=0
   constexpr int kOCols = kD + (kSumTensor ? 8 : 0);
   constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
@@ -733,6 +733,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
+  // This consumer warpgroup's 128 threads meet (named barrier 4 + cw). Immediates: a register
+  // barrier id would make ptxas reserve all 16.
+  auto wg_sync = [&]() {
+    if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+  };
   if constexpr (kSumTensor) {
     // This warpgroup's block of ones (T 1.0 = 0x3C00 / 0x3F80), 16 bytes per thread, made visible to
     // the async proxy that wgmma reads shared memory through.
@@ -740,8 +746,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sOnes + cw * 2048 + t * 16), "r"(one2)
                  : "memory");
     fence_proxy_async_smem();
-    if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
-    else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+    wg_sync();
   }
 #ifdef OPSFUSE_HOPPER_TRACE
   // Diagnostic builds only: event e of round r of this block's warpgroup cw, as globaltimer ns at
@@ -884,12 +889,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = decltype(from)::value; kk < decltype(to)::value; ++kk) {
         if constexpr (kD >= 128) {
           mma_pv<T, kD>(o, pf[kk], desc_plus(v_desc, kk * 16 * 128));
-        } else if constexpr (kSumTensor) {
-          // The second 64-column region (LBO bytes on) is this warpgroup's block of ones.
-          const uint32_t at = vb + kk * 16 * 128;
-          mma_pv<T, kOCols>(o, pf[kk], smem_desc(at, sOnes + cw * 2048 - at, 1024));
         } else {
-          mma_pv<T, kD>(o, pf[kk], smem_desc(vb + kk * 16 * 128, kBN * 128, 1024));
+          // kSumTensor: B's second 64-column region (LBO bytes on) is this warpgroup's block of ones.
+          const uint32_t at = vb + kk * 16 * 128;
+          const uint32_t lbo = kSumTensor ? sOnes + cw * 2048 - at : kBN * 128;
+          mma_pv<T, kOCols>(o, pf[kk], smem_desc(at, lbo, 1024));
         }
       }
     };
@@ -1125,10 +1129,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stores must have read the buffer first.
     auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
       const uint32_t so = sO + cw * 64 * 128;
-      auto wg_sync = [&]() {  // immediates: a register barrier id would make ptxas reserve all 16
-        if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
-        else asm volatile("bar.sync 5, 128;\n" ::: "memory");
-      };
       if (t == 0) bulk_wait_read();
       wg_sync();
       // kPlainSeqWide: the thread's lane read again here (volatile: not hoisted), so that ptxas does
@@ -1298,8 +1298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                      : "memory");
       }
       fence_proxy_async_smem();
-      if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
-      else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+      wg_sync();
     }
     // Q is released (for the item kQBuffers rounds later) after the item's last S = Q K^T.
     if (n_mine == 0 && lane == 0) mbar_arrive(bar_qempty(round));
