@@ -8,11 +8,13 @@
 #      compute-sanitizer memcheck + racecheck over the check driver)
 #   5. `python -m opsfuse bench --device cuda`, then the BERT-base end-to-end benchmark
 #      (`python -m opsfuse.bench.bert`, stage `bert`: needs onnxruntime-gpu)
+#   6. optional (stage `trace`): the Hopper kernel's own clocks per item phase, a -DOPSFUSE_HOPPER_TRACE
+#      build swapped in for scripts/hopper_trace.py (TRACE_GRID, TRACE_VARIANTS), output in trace.log
 # Everything lands in OUTDIR: summary.txt, logs.tar.gz (every log), and the benchmark's
 # cuda_bench.{json,md,png}. Each stage's exit status is in summary.txt; the script goes on after a
 # failed stage where the next one can still say something.
 #
-# usage: scripts/gpu_run.sh OUTDIR [--stages env,ort,build,test,bench,bert] [--quick]
+# usage: scripts/gpu_run.sh OUTDIR [--stages env,ort,build,test,bench,bert,trace] [--quick]
 #   CUDA_ARCHS  CMAKE_CUDA_ARCHITECTURES for this build (default: the GPU's own, e.g. 90-real)
 #   BUILD_DIR   build folder (default /tmp/opsfuse-gpu-build; reused when it exists)
 #   PYTEST_ARGS extra pytest arguments, split at spaces (e.g. "-x --maxfail=3"); PYTEST_K a -k
@@ -22,6 +24,9 @@
 #   BENCH_GRIDS a subset of seed,prefill,decode
 #   CHECK_TIMEOUT seconds the check driver may run before it counts as hung (300)
 #   SKIP_CHECK  1: no standalone check-driver run (pytest still runs it, see the test stage)
+#   TRACE_GRID  hopper_trace.py's grid (d128, seed; default its five shapes); TRACE_VARIANTS its
+#               variants, space-separated NAME=VALUE[,...] switch sets (a word without "=", e.g.
+#               "default", is the default launch)
 set -u -o pipefail
 
 if [ $# -lt 1 ]; then
@@ -165,6 +170,13 @@ if want bert; then
     [ -f "$OUTDIR/bert/$f" ] && cp "$OUTDIR/bert/$f" "$OUTDIR/$f"
   done
   rm -rf "$OUTDIR/bert"
+fi
+if want trace; then
+  [ -d "$REPO/.ortinc" ] && export ONNXRUNTIME_ROOT=${ONNXRUNTIME_ROOT:-$REPO/.ortinc}
+  # shellcheck disable=SC2086  # TRACE_VARIANTS: one argument per variant
+  stage trace env TRACE_GRID="${TRACE_GRID:-}" VARIANT_BUILD_DIR=/tmp/opsfuse-trace \
+    scripts/with_variant.sh -DOPSFUSE_HOPPER_TRACE $PY scripts/hopper_trace.py "$OUTDIR/trace.npz" ${TRACE_VARIANTS:-""}
+  grep -E "^B=|^   " "$LOGS/trace.log" > "$OUTDIR/trace.log"
 fi
 tar -czf "$OUTDIR/logs.tar.gz" -C "$OUTDIR" logs && rm -rf "$LOGS"
 note "done $(date -u '+%H:%M:%S UTC')"

@@ -13,7 +13,12 @@ the P V products (OPSFUSE_HOPPER_TIMED). Per shape it prints the medians of the 
 finish (globaltimer). A variant may set OPSFUSE_HOPPER_TRACE_GRID=N (trace builds: a persistent
 grid of N blocks) to see how the pace depends on how many blocks share the L2. TRACE_GRID=seed
 traces issue 7's seed grid (B=1 H=12 D=64 fp16, S=128..2048: one-round launches) instead, where
-the block start times (launch skew) and the fixed part of an item are the question."""
+the block start times (launch skew) and the fixed part of an item are the question; TRACE_GRID=d128
+only the prefill grid's non-causal S=1024 and 4096 (B=8 H=16 D=128 bf16), where the item boundary is.
+Chained items (kPlainChain; OPSFUSE_CUDA_HOPPER_CHAIN=N chains from N key tiles) overlap: an item's
+phases 0-4 come from the boundary step that starts it, its last P V and stores (5, 6) from the next
+item's, so its "loop" phase runs into the next item's start and the gap reads negative; the
+per-block µs per item compare alike."""
 import os
 import sys
 
@@ -26,6 +31,8 @@ from opsfuse.bench.cuda import env_variant
 SHAPES = [(8, 16, 1024, 128, torch.bfloat16), (8, 16, 4096, 128, torch.bfloat16), (2, 16, 16384, 128, torch.bfloat16),
           (8, 12, 512, 64, torch.float16), (1, 12, 1024, 64, torch.float16)]
 SEED = [(1, 12, s, 64, torch.float16) for s in (128, 256, 512, 1024, 2048)]
+D128 = [(8, 16, s, 128, torch.bfloat16) for s in (1024, 4096)]
+GRIDS = {"seed": SEED, "d128": D128}
 ROUNDS, EVENTS = 64, 32
 
 
@@ -94,7 +101,7 @@ def main():
     specs = sys.argv[2:] or [""]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     saved = {}
-    for (b, h, s, dim, dt) in (SEED if os.environ.get("TRACE_GRID") == "seed" else SHAPES):
+    for (b, h, s, dim, dt) in GRIDS.get(os.environ.get("TRACE_GRID", ""), SHAPES):
         q, k, v = (torch.randn(b, h, s, dim, device="cuda", dtype=dt) for _ in range(3))
         for spec in specs:
             name = f"B={b} H={h} S={s} D={dim} {str(dt)[6:]} [{spec or 'default'}]"

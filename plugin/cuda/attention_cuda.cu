@@ -34,7 +34,8 @@
 //                                  plain kernel takes it (hopper_wg_split()), also beyond one
 //                                  round of 64-row items.
 //   OPSFUSE_CUDA_HOPPER_CHAIN=0    (A/B, tests) no item chaining: persistent plain launches take
-//                                  the kernel that runs each item's key loop on its own.
+//                                  the kernel that runs each item's key loop on its own; =N >= 2
+//                                  (A/B, traces) chaining from N key tiles instead of 16.
 //   OPSFUSE_CUDA_HOPPER_PDL=1      the Hopper prefill kernel as a programmatic dependent launch: its
 //                                  blocks start while the previous kernel in the stream ends (and
 //                                  wait for it before any global access). Off by default: on the
@@ -553,7 +554,10 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   plan.mask_classes = !sw.is(Switch::kHopperMaskClasses, '0');
   plan.mask_pairs = !sw.is(Switch::kHopperMaskPairs, '0');
   plan.tma_store = !sw.is(Switch::kHopperTmaStore, '0');
-  plan.chain = !sw.is(Switch::kHopperChain, '0');
+  if (const char* chain = sw.get(Switch::kHopperChain)) {
+    const int n = std::max(0, std::atoi(chain));
+    plan.chain_tiles = n == 1 ? plan.chain_tiles : n;  // 1: on, as by default
+  }
   plan.pdl = sw.is(Switch::kHopperPdl, '1');
   if (const char* seq = sw.get(Switch::kHopperSeq)) plan.seq_tiles = std::max(0, std::atoi(seq));
   if (const char* seq = sw.get(Switch::kHopperSeqD128)) plan.seq_tiles_d128 = std::max(0, std::atoi(seq));
@@ -785,6 +789,7 @@ bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, P
   r.sched_heads = plan.sched_heads;
   r.wg_split = plan.wg_split;
   r.stream_k = plan.stream_k;
+  r.chain_tiles = plan.chain_tiles;
 #ifdef OPSFUSE_CUDA_HOPPER
   r.hopper_compiled = true;
 #endif

@@ -44,6 +44,8 @@ struct PlanSummary {
   int sched_heads = 0;      // Hopper persistent: > 0 = the dynamic order's section of heads
   bool wg_split = false;    // Hopper: the two consumer warpgroups split each 64-row item's keys
   bool stream_k = false;    // Hopper persistent: stream-K units
+  int chain_tiles = 0;      // Hopper: item chaining from this many key tiles where the launch allows it
+                            // (launch_hopper: persistent plain launches at D = 128); 0 never
   bool hopper_compiled = false;  // whether this build holds the sm_90a kernels at all
 };
 bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, PlanSummary* out);

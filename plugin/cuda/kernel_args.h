@@ -158,7 +158,9 @@ struct Plan {
   bool mask_classes = true;    // kHopper: padding-mask tile classes
   bool mask_pairs = true;      // kHopper: masks read as aligned column pairs where the layout allows
   bool tma_store = true;       // kHopper: the output through shared memory and TMA stores (D <= 128)
-  bool chain = true;           // kHopper: item chaining where launch_hopper can take it (kPlainChain)
+  int chain_tiles = 16;        // kHopper: item chaining (kPlainChain, launch_hopper) for persistent plain
+                               // launches at D = 128 over >= this many key tiles
+                               // (OPSFUSE_CUDA_HOPPER_CHAIN=0: never, =N >= 2: from N tiles)
   bool pdl = false;            // kHopper: a programmatic dependent launch (launch_hopper)
   int seq_tiles = 8;           // kHopper: plain launches at D <= 64 over <= this many key tiles run them in
                                // sequence (kPlainSeq, launch_hopper); 0 never

@@ -15,7 +15,7 @@ from cuda_helpers import FakeTensor
 # Every OPSFUSE_CUDA_* switch the heuristic reads: unset for these tests unless a test sets one.
 SWITCHES = ["DISABLE_HOPPER", "FORCE_HOPPER", "HOPPER_PERSISTENT", "HOPPER_SPLITS", "HOPPER_TAIL_SPLIT",
             "HOPPER_DYNAMIC", "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT", "HOPPER_DECODE",
-            "DECODE_SPLITS", "DECODE_NO_CLUSTER"]
+            "DECODE_SPLITS", "DECODE_NO_CLUSTER", "HOPPER_CHAIN"]
 
 
 @pytest.fixture()
@@ -91,6 +91,15 @@ def test_switches_reach_the_plan(mod, monkeypatch):
     monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "0")
     s = plan(mod, 1, 16, 512, 512, 128)
     assert s["kernel"] == "hopper" and not s["wg_split"] and s["block_m"] == 128
+
+
+@pytest.mark.parametrize("value, tiles", [(None, 16), ("1", 16), ("0", 0), ("2", 2), ("8", 8)])
+def test_chain_switch(mod, monkeypatch, value, tiles):
+    """OPSFUSE_CUDA_HOPPER_CHAIN: unset or 1 chains from 16 key tiles, 0 never, N >= 2 from N (the
+    trace and A/B builds' way to chain S=1024's 8-tile items)."""
+    if value is not None:
+        monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_CHAIN", value)
+    assert plan(mod, 8, 16, 1024, 1024, 128)["chain_tiles"] == tiles
 
 
 def test_other_devices_and_dtypes(mod):

@@ -754,21 +754,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (scripts/hopper_trace.py reads them); slots 16 + k: the clocks the item's key loop spent in
   // wait k, 0 K tile, 1 V tile, 2 the turn, 3 the S product, 4 the P V product (OPSFUSE_HOPPER_TIMED;
   // every tile's step, the first one's too where the loop takes it, kFirstInLoop).
+  // kPlainChain: an item's events 0-4 after the block's first come from the boundary step that
+  // starts it, its events 5 and 6 (its last P V done, its stores issued) from the next item's
+  // boundary step (OPSFUSE_HOPPER_STAMP_AT, round r - 1), and event 7, where its last tile's
+  // step has ended, carries its waits.
   unsigned int waited[5] = {0, 0, 0, 0, 0};
-  auto trace = [&](int e) {
-    if (a.trace != nullptr && t == 0 && round < 64) {
+  auto trace = [&](int e, int r) {
+    if (a.trace != nullptr && t == 0 && r < 64) {
       unsigned long long ns;
       asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns)::"memory");
-      unsigned long long* row = a.trace + ((static_cast<int>(blockIdx.x) * 2 + cw) * 64 + round) * 32;
+      unsigned long long* row = a.trace + ((static_cast<int>(blockIdx.x) * 2 + cw) * 64 + r) * 32;
       row[e] = ns;
       row[e + 8] = clock64();
-      if (e == 5)
+      if ((e == 5 && r == round) || e == 7)
         for (int k = 0; k < 5; ++k) row[16 + k] = waited[k];
     }
     if (e == 0)
       for (int k = 0; k < 5; ++k) waited[k] = 0;
   };
-#define OPSFUSE_HOPPER_STAMP(e) trace(e)
+#define OPSFUSE_HOPPER_STAMP(e) trace(e, round)
+#define OPSFUSE_HOPPER_STAMP_AT(r, e) trace(e, r)
 #define OPSFUSE_HOPPER_TIMED(k, ...)                     \
   do {                                                   \
     const long long c0_ = clock64();                     \
@@ -777,6 +782,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } while (0)
 #else
 #define OPSFUSE_HOPPER_STAMP(e) ((void)0)  // nothing in a shipped build
+#define OPSFUSE_HOPPER_STAMP_AT(r, e) ((void)0)
 #define OPSFUSE_HOPPER_TIMED(k, ...) __VA_ARGS__
 #endif
   // Round r's item: computed for the static order's round 0, else as the producer published it
@@ -1350,10 +1356,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         OPSFUSE_HOPPER_TIMED(0, mbar_wait(bar_kfull(st), parity_of(it)));
         if (!first) OPSFUSE_HOPPER_TIMED(1, mbar_wait(bar_vfull(prev), parity_of(it - kStride)));
         __syncwarp();
-        if (first) OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
+        if (first || decltype(chain_boundary)::value) OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
         if (!first) zero_v_tail(prev, it - kStride);
         OPSFUSE_HOPPER_TIMED(2, turn_wait());
-        if (first) OPSFUSE_HOPPER_STAMP(3);  // this warpgroup's turn: the first S product issues
+        if (first || decltype(chain_boundary)::value) OPSFUSE_HOPPER_STAMP(3);  // the first S product issues
         // Each branch fences and issues its own products: a wgmma that a branch separates from its
         // fence gets another fence from ptxas (warning C7519).
         if (first) {
@@ -1396,14 +1402,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0 && !first) release(bar_vempty(prev));
         if constexpr (decltype(chain_boundary)::value) {
           // O is the previous item's whole output: store it, start afresh.
+          OPSFUSE_HOPPER_STAMP_AT(round - 1, 5);  // the previous item's last P V is done
           store_staged(l_prev, prev_row0, prev_h, prev_b);
+          OPSFUSE_HOPPER_STAMP_AT(round - 1, 6);  // its stores are issued
 #pragma unroll
           for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
         }
         if constexpr (!kElementwise && kV != kScoreNone) row_sums();
         if constexpr (kElementwise) softmax(it, variant, std::false_type{});
         pack_into(p);
-        if (first) OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
+        if (first || decltype(chain_boundary)::value) OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
       };
       if constexpr (kChain) {
         // One sequence of steps over the block's items: when an item's tiles are done, the block's
@@ -1413,11 +1421,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         // wgmma: session 8.)
         for (int it = my_begin + 1;; ++it) {
           if (it == t_end) {
+            OPSFUSE_HOPPER_STAMP(7);  // this item's last tile's step has ended: its waits
             const int w_next = consumer_item(round + 1);  // waits for its Q: loaded during this item
             if (w_next >= n_work) break;  // the outer loop reads round + 1's slot again, at once
             prev_b = b, prev_h = h, prev_row0 = row0;
             kv_base = ring0 + t_end;
             ++round;
+            OPSFUSE_HOPPER_STAMP(0);  // the next item's start
+            OPSFUSE_HOPPER_STAMP(1);  // its Q is in (consumer_item waited for it)
             const Work nw = published_work(round);
             b = nw.b, h = nw.h, row0 = nw.row0, len = nw.len;
             t_begin = nw.t_begin, t_end = nw.t_end;
@@ -1743,6 +1754,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 #undef OPSFUSE_HOPPER_STAMP
+#undef OPSFUSE_HOPPER_STAMP_AT
 #undef OPSFUSE_HOPPER_TIMED
 }  // namespace hopper
 
@@ -1800,12 +1812,12 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // in either order, unsplit, without stream-K. Every item must have a key tile (the chain's step
   // takes each item's first: no key_lengths, causal rows that see key 0), no Q or V bias (added
   // at an item's start and end outside the chained steps) and its output through TMA stores.
-  // Taken where the keys span >= kChainMinTiles key tiles: the H200's same-process A/B (session
-  // 22, B=8 H=16 D=128 bf16) measured S=4096 -0.7 to -1.1 %, causal -1.2 to -1.9 %, causal S=16384
-  // -1.7 %, but S=1024 (8-tile items) +0.6 to +1.0 % and causal S=1024 +1 %.
-  constexpr int kChainMinTiles = 16;
-  if (kD == 128 && mode == hopper::kPlain && plan.chain && plan.persistent > 0 && blocks > plan.persistent &&
-      a.seq_k >= kChainMinTiles * Cfg::kBN &&
+  // Taken where the keys span >= Plan::chain_tiles key tiles (16; OPSFUSE_CUDA_HOPPER_CHAIN=N
+  // moves it): the H200's same-process A/B (session 22, B=8 H=16 D=128 bf16) measured S=4096
+  // -0.7 to -1.1 %, causal -1.2 to -1.9 %, causal S=16384 -1.7 %, but S=1024 (8-tile items) +0.6
+  // to +1.0 % and causal S=1024 +1 %.
+  if (kD == 128 && mode == hopper::kPlain && plan.chain_tiles > 0 && plan.persistent > 0 &&
+      blocks > plan.persistent && a.seq_k >= static_cast<int64_t>(plan.chain_tiles) * Cfg::kBN &&
       plan.cluster == 1 && a.sk_count == nullptr && a.key_lengths == nullptr && a.q_bias == nullptr &&
       a.v_bias == nullptr && tma_store && (a.causal == 0 || a.causal_offset >= 0))
     mode = hopper::kPlainChain;

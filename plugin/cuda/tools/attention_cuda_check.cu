@@ -67,7 +67,8 @@ struct Case {
                      // the two consumer warpgroups split, also beyond one round of them)
   int chain = 0;     // Hopper cases: 1 = the Hopper pass must have taken item chaining (kPlainChain,
                      // as choose_plan and launch_hopper decide on 132 SMs), and must not have where
-                     // OPSFUSE_CUDA_HOPPER_TMA_STORE=0 or _CHAIN=0; 0 = not checked
+                     // OPSFUSE_CUDA_HOPPER_TMA_STORE=0, _CHAIN=0 or _CHAIN=N beyond its key tiles;
+                     // 0 = not checked
   int seq = 0;       // Hopper cases: 1 = the Hopper pass must have taken the in-sequence kernel for
                      // short items (kPlainSeq) where the case's key tiles are within its bucket's
                      // limit (OPSFUSE_CUDA_HOPPER_SEQ=N / _SEQ_D128=N, else the plan's default), and
@@ -388,9 +389,14 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
     ok = false;
   };
   // Chaining stores each item as the next one starts, through the TMA store's staging: the launcher
-  // must not take it where the run asks for register stores or no chaining.
+  // must not take it where the run asks for register stores or no chaining, or (CHAIN=N) chaining
+  // from more key tiles than the case has.
+  const std::string chain_env = env_value("OPSFUSE_CUDA_HOPPER_CHAIN");
+  const int chain_from = chain_env.empty() || chain_env == "1" ? opsfuse::cuda::detail::Plan{}.chain_tiles
+                                                                : std::atoi(chain_env.c_str());
   expect_mode(c.chain != 0, opsfuse::cuda::detail::hopper::kPlainChain,
-              env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && env_value("OPSFUSE_CUDA_HOPPER_CHAIN") != "0",
+              env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && chain_from > 0 &&
+                  static_cast<int64_t>(chain_from) * 128 <= c.Sk,
               "item chaining", "taken although TMA stores or chaining are off");
   // Short items in sequence: up to the limit of the case's head-size bucket, OPSFUSE_CUDA_HOPPER_SEQ=N
   // (D <= 64) or _SEQ_D128=N (D <= 128) key tiles, else the plan's default.
