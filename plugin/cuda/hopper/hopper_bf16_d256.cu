@@ -1,6 +1,6 @@
 // Instantiation: Hopper (sm_90a) kernel, __nv_bfloat16, D, Dv <= 256 (64-key tiles). One file per (dtype, head
 // size) so that ninja compiles them in parallel.
-#include "hopper_fwd.cuh"
+#include "hopper_launch.cuh"
 
 namespace opsfuse::cuda::detail {
 

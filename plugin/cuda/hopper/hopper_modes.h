@@ -7,7 +7,7 @@ namespace opsfuse::cuda::detail::hopper {
 
 // kMode (each a separate instantiation, so that the common path carries none of the others' registers):
 //  kPlain     no mask, no softcap.
-//  kGeneral   softcap, or a mask whose layout the pair loads (hopper_fwd.cuh) cannot read: every
+//  kGeneral   softcap, or a mask whose layout the pair loads (mask_tiles.cuh) cannot read: every
 //             score goes through full_score() after the P V product it overlaps with is done.
 //  kMaskAdd / kMaskBool  a mask (additive T / bool) without softcap, read as aligned column pairs
 //             (mask_stride[3] == 1, even element offsets, rows of even length: one 32-bit load

@@ -1,0 +1,75 @@
+// Internal to plugin/cuda/hopper: the Hopper prefill kernel's compile-time traits -- its tile sizes,
+// shared-memory budget per head size and mode (Config / ModeConfig), and the compile-time A/B
+// switches of its arithmetic. Read by the kernel (hopper_fwd.cuh) and its launcher (hopper_launch.cuh).
+#pragma once
+
+#include <type_traits>
+
+#include "hopper_modes.h"
+
+namespace opsfuse::cuda::detail::hopper {
+
+// Lazy rescale (docs/notes/cuda_kernel.md, session 20): the running max, the exponent base of P,
+// moves only when a row of the warp outgrows it by more than kRescaleSlack (log2 units; P <= 2^8
+// otherwise), so that most tiles skip O's rescale (64 multiplies per thread at D = 128, right
+// ahead of the next products) and alpha's exponentials. O and l share the base, so O / l is the
+// same quotient. Taken in the plain kernels at D = 128 (the H200 A/B: S=4096 -4 %, causal -3 %,
+// S=1024 -2 %) and D = 256 (S=4096 -8 %, causal -7 to -13 %, S=1024 -4 %; session 21); at D = 64
+// the same code measured 6-10 % slower. The macro (compile time, A/B builds): 0 turns it off.
+#ifndef OPSFUSE_HOPPER_LAZY_RESCALE
+#define OPSFUSE_HOPPER_LAZY_RESCALE 1
+#endif
+constexpr bool kLazyRescale = OPSFUSE_HOPPER_LAZY_RESCALE != 0;
+constexpr float kRescaleSlack = 8.0f;
+
+// Row sums on the tensor cores, in kPlainSeqWide (D = 64 on 256-key tiles): O += P V runs as
+// m64n72k16, whose ninth 8-column group reads a block of ones in shared memory, so that O's extra
+// accumulators hold l = the sum of the rounded P, rescaled with O by alpha. Its softmax, which runs
+// under the pingpong's turn, drops its 128 additions per thread and tile; the tensor cores take
+// 12.5 % more P V work. The H200 A/B (docs/notes/cuda_kernel.md, session 30): -2.3 to -3.4 % at 2-16
+// wide tiles; in kPlainSeq on 128-key tiles level to +1.3 %, so that kernel keeps float32 sums (as
+// does kPlain, where the same change measured +2-4 %: session 20). The macro (compile time, A/B
+// builds): 0 turns it off.
+#ifndef OPSFUSE_HOPPER_SUM_ON_TENSOR
+#define OPSFUSE_HOPPER_SUM_ON_TENSOR 1
+#endif
+constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
+
+constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
+constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
+constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerWarps = 8;
+
+// D = 256 takes 64-key tiles: a consumer thread holds O (kD / 2 = 128 floats) and, while P V of
+// one tile overlaps S of the next, that S and the P operand: 64 + 32 registers at 128 keys do not
+// fit beside O in setmaxnreg's 240, 32 + 16 at 64 keys do. Two stages of 64-key K and V tiles plus
+// Q fill 193 KB of shared memory.
+// kQBuffers: Q tiles in flight. With two (D <= 128: 129 / 193 KB in all), a persistent block's
+// producer loads the next item's Q as soon as it has issued the current item's last K/V tile, not
+// when the consumers release Q after the item's last S product (Nsight Compute, prefill B=8 H=16
+// S=1024 D=128: ~13 % of the warps' stall samples were the first tile's waits); D = 256 has no room.
+// kOStage: the output tile is staged in shared memory (the Q tile's layout) and written by TMA
+// stores, one per 64-column region and consumer warpgroup (the same profile: ~13 % of the samples in
+// the epilogue's 32 four-byte global stores per thread at D = 128, which throttle the LSU); D <= 128
+// (225 KB in all at D = 128), D = 256 stores from registers.
+// kKeys: keys per tile; 256 for kPlainSeqWide (D = 64 only), whose 32 KB K and V tiles take two
+// stages (176 KB in all; three would need 240).
+template <int kD, int kKeys = (kD == 256 ? 64 : hopper::kBN)>
+struct Config {
+  static constexpr int kBN = kKeys;
+  static constexpr int kStages = kD == 64 && kKeys == 128 ? 3 : 2;
+  static constexpr int kQBuffers = kD == 256 ? 1 : 2;
+  static constexpr bool kOStage = kD <= 128;
+  static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
+  static constexpr int kKVBytes = kBN * kD * 2;  // one K (or V) tile
+  // kSumOnTensor (kPlainSeqWide): a 2 KB block of ones (16 keys x 64 columns) per consumer warpgroup
+  // after the output tile.
+  static constexpr int kOnesBytes = kSumOnTensor && kD == 64 && kKeys == 256 ? 2 * 2048 : 0;
+  static constexpr int kSmem =
+      (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + kOnesBytes + 1024;  // + alignment slack
+};
+// The configuration of mode kMode's instantiation (hopper_modes.h).
+template <int kD, int kMode>
+using ModeConfig = std::conditional_t<kMode == kPlainSeqWide, Config<kD, 256>, Config<kD>>;
+
+}  // namespace opsfuse::cuda::detail::hopper
