@@ -35,6 +35,16 @@ constexpr float kRescaleSlack = 8.0f;
 #endif
 constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 
+// K/V of a persistent block's next item into L2 ahead of its loads, in kPlain / kPlainChain (an A/B
+// candidate of session 31, not yet measured: docs/notes/cuda_kernel.md). In the static order a
+// round's items are heads that no block has read yet, so every key tile's first reader waits for
+// DRAM with one tile of lookahead in the 2-stage ring; at S=1024 a tile has 8 readers, at S=4096 32.
+// The macro (compile time, A/B builds): 1 turns it on.
+#ifndef OPSFUSE_HOPPER_L2_PREFETCH
+#define OPSFUSE_HOPPER_L2_PREFETCH 0
+#endif
+constexpr bool kL2Prefetch = OPSFUSE_HOPPER_L2_PREFETCH != 0;
+
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups

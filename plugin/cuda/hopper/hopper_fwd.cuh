@@ -320,6 +320,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     slot[0] = make_int4(wk.b, wk.h, wk.row0, wk.len);
     slot[1] = make_int4(wk.t_begin, wk.t_end, wk.kr.all_visible, 0);
   };
+  // kL2Prefetch: this block's share of a later round's K/V (item w) into L2, about an item before
+  // the loads want them (the scheduler thread issues it where it publishes round r, once round
+  // r - kQBuffers has released its Q): the key tiles whose index is the item's row tile modulo the row tiles per head, so that
+  // the blocks whose items share a (batch, kv head) -- neighbours in the static order -- prefetch
+  // each tile about once. Every key tile of the head, the item's visible range or not (causal
+  // chains read fewer): work_of()'s arithmetic beside the work thread's spilled (24 registers).
+  auto prefetch_kv_share = [&](int w) {
+    const int n_rt = row_tiles(), bh = w / n_rt, h = bh % a.heads_q;
+    const int b = bh / a.heads_q, hk = h / a.group;
+    const int n_kt = (a.seq_k + kBN - 1) / kBN;
+    for (int it = n_rt - 1 - w % n_rt; it < n_kt; it += n_rt) {
+#pragma unroll
+      for (int c = 0; c < kRegions; ++c) {
+        tma_prefetch_l2_4d(&tm_k, c * 64, it * kBN, hk, b);
+        tma_prefetch_l2_4d(&tm_v, c * 64, it * kBN, hk, b);
+      }
+    }
+  };
   // (Plain loads: the wait before them is an asm with a memory clobber, which they cannot cross.)
   // Consumers read a round's slots (this Work, its item) in lane 0 of each warp and broadcast
   // them: a slot is rewritten for round r + kQBuffers once round r's Q is released, an arrive by
@@ -393,6 +411,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (stream_k() && w < n_work) sk_slot[round % kQBuffers] = sk_range(w);
         mbar_arrive(bar_sched(round));
         if (w >= n_work) break;
+        if constexpr (kL2Prefetch && (kMode == kPlain || kMode == kPlainChain)) {
+          if (round > 0) prefetch_kv_share(w);
+        }
       }
     }
     // A third thread (warp 2) publishes each round's Work for the consumers (publish_work) and is
