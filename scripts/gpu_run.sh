@@ -26,7 +26,8 @@
 #   SKIP_CHECK  1: no standalone check-driver run (pytest still runs it, see the test stage)
 #   TRACE_GRID  hopper_trace.py's grid (d128, seed; default its five shapes); TRACE_VARIANTS its
 #               variants, space-separated NAME=VALUE[,...] switch sets (a word without "=", e.g.
-#               "default", is the default launch)
+#               "default", is the default launch); TRACE_DEFS more nvcc definitions for that build
+#               (comma-separated, e.g. -DOPSFUSE_HOPPER_L2_PREFETCH=1)
 set -u -o pipefail
 
 if [ $# -lt 1 ]; then
@@ -175,7 +176,8 @@ if want trace; then
   [ -d "$REPO/.ortinc" ] && export ONNXRUNTIME_ROOT=${ONNXRUNTIME_ROOT:-$REPO/.ortinc}
   # shellcheck disable=SC2086  # TRACE_VARIANTS: one argument per variant
   stage trace env TRACE_GRID="${TRACE_GRID:-}" VARIANT_BUILD_DIR=/tmp/opsfuse-trace \
-    scripts/with_variant.sh -DOPSFUSE_HOPPER_TRACE $PY scripts/hopper_trace.py "$OUTDIR/trace.npz" ${TRACE_VARIANTS:-""}
+    scripts/with_variant.sh "-DOPSFUSE_HOPPER_TRACE${TRACE_DEFS:+,$TRACE_DEFS}" $PY scripts/hopper_trace.py "$OUTDIR/trace.npz" \
+    ${TRACE_VARIANTS:-""}
   grep -E "^B=|^   " "$LOGS/trace.log" > "$OUTDIR/trace.log"
 fi
 tar -czf "$OUTDIR/logs.tar.gz" -C "$OUTDIR" logs && rm -rf "$LOGS"
