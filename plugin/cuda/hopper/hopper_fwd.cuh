@@ -494,6 +494,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
+  // kCarryTurns: the pingpong's turns run on across the block's items -- warpgroup 1 opens on its
+  // first item only and passes after every batch, its items' last ones included, and warpgroup 0
+  // takes the last pass after the block's last item. Only where every item has a key tile and
+  // stays whole in this block (no key splits, tail split or stream-K: no exit but the loop's end).
+  const bool carry_turns = kCarryTurns && kMode == kPlain && pingpong != 0 && splits == 1 && tail_from == INT_MAX &&
+                           !stream_k() && a.key_lengths == nullptr && (a.causal == 0 || a.causal_offset >= 0);
   // This consumer warpgroup's 128 threads meet (named barrier 4 + cw). Immediates: a register
   // barrier id would make ptxas reserve all 16.
   auto wg_sync = [&]() {
@@ -946,9 +952,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto turn_pass = [&](bool last) {
       if (!pp) return;
       if (cw == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-      else if (!last || odd_turn) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+      else if (!last || odd_turn || carry_turns) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
     };
-    if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+    if (pp && cw == 1 && !(carry_turns && round > 0)) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 
     // K/V tile `it` (t_begin <= it < t_end) of this item is ring tile ring0 + it: its stage and
     // phase parity.
@@ -1509,6 +1515,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     OPSFUSE_HOPPER_STAMP(6);  // the output's stores are done (from registers)
     kv_base = ring0 + t_end;
   }  // work items
+  if (carry_turns && cw == 0 && round > 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");  // the last pass
   // The output tile's last TMA stores must have read it before the block (and its shared memory)
   // is gone; their global writes need no wait here: they complete before the grid does.
   if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();
