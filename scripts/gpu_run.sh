@@ -27,7 +27,8 @@
 #   TRACE_GRID  hopper_trace.py's grid (d128, seed; default its five shapes); TRACE_VARIANTS its
 #               variants, space-separated NAME=VALUE[,...] switch sets (a word without "=", e.g.
 #               "default", is the default launch); TRACE_DEFS more nvcc definitions for that build
-#               (comma-separated, e.g. -DOPSFUSE_HOPPER_L2_PREFETCH=1)
+#               (comma-separated, e.g. -DOPSFUSE_HOPPER_L2_PREFETCH=1); TRACE_TIMEOUT seconds the traced
+#               runs may take (240; a trace build's kernel that hangs must not take the whole call)
 set -u -o pipefail
 
 if [ $# -lt 1 ]; then
@@ -176,7 +177,8 @@ if want trace; then
   [ -d "$REPO/.ortinc" ] && export ONNXRUNTIME_ROOT=${ONNXRUNTIME_ROOT:-$REPO/.ortinc}
   # shellcheck disable=SC2086  # TRACE_VARIANTS: one argument per variant
   stage trace env TRACE_GRID="${TRACE_GRID:-}" VARIANT_BUILD_DIR=/tmp/opsfuse-trace \
-    scripts/with_variant.sh "-DOPSFUSE_HOPPER_TRACE${TRACE_DEFS:+,$TRACE_DEFS}" $PY scripts/hopper_trace.py "$OUTDIR/trace.npz" \
+    scripts/with_variant.sh "-DOPSFUSE_HOPPER_TRACE${TRACE_DEFS:+,$TRACE_DEFS}" \
+    timeout "${TRACE_TIMEOUT:-240}" $PY scripts/hopper_trace.py "$OUTDIR/trace.npz" \
     ${TRACE_VARIANTS:-""}
   grep -E "^B=|^   " "$LOGS/trace.log" > "$OUTDIR/trace.log"
 fi
