@@ -39,7 +39,9 @@ constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 // candidate of session 31, not yet measured: docs/notes/cuda_kernel.md). In the static order a
 // round's items are heads that no block has read yet, so every key tile's first reader waits for
 // DRAM with one tile of lookahead in the 2-stage ring; at S=1024 a tile has 8 readers, at S=4096 32.
-// The macro (compile time, A/B builds): 1 turns it on.
+// Session 32's trace refuted that premise (S=1024's K/V waits per tile equal S=4096's, also at half
+// the grid): predicted level, to be measured once and then removed. The macro (compile time, A/B
+// builds): 1 turns it on.
 #ifndef OPSFUSE_HOPPER_L2_PREFETCH
 #define OPSFUSE_HOPPER_L2_PREFETCH 0
 #endif
