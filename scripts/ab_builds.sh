@@ -15,6 +15,11 @@
 #   e.g.    scripts/ab_builds.sh d64,bert 2 four=-DOPSFUSE_MY_KNOB=4 eight=-DOPSFUSE_MY_KNOB=8
 #   AB_CHECK=1  also builds each variant's check driver (plugin/cuda/tools) and runs it before the
 #               sweeps; a variant that fails a case is reported and still swept
+#   AB_VARIANTS more ab_sweep.py variants for every build's sweep, space-separated (e.g.
+#               "OPSFUSE_CUDA_HOPPER_CHAIN=2": a run-time switch beside each build's default; with
+#               AB_INTERLEAVED=1 they are timed side by side with cuDNN in each build's process)
+#   AB_PARALLEL=1  builds the variants at the same time (each ninja on all cores: on a 16-core
+#               machine two or three builds take about the time of one and a half)
 set -euo pipefail
 if [ $# -lt 3 ]; then
   echo "usage: $0 GRID ROUNDS TAG=-DNAME=VALUE[,...] ..." >&2
@@ -29,10 +34,21 @@ WORK=${AB_BUILD_DIR:-/tmp/opsfuse-ab}
 mkdir -p "$WORK"
 cp "$MOD" "$WORK/base.so"
 tags=(base)
+build_one() {  # TAG DEFS
+  "$REPO/scripts/build_variant.sh" "$WORK/build-$1" "$2" _cuda ${AB_CHECK:+attention_cuda_check}
+}
+if [ -n "${AB_PARALLEL:-}" ]; then
+  pids=()
+  for spec in "$@"; do
+    build_one "${spec%%=*}" "${spec#*=}" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done  # set -e: a failed build stops the script here
+fi
 for spec in "$@"; do
   tag=${spec%%=*} defs=${spec#*=}
   dir="$WORK/build-$tag"
-  "$REPO/scripts/build_variant.sh" "$dir" "$defs" _cuda ${AB_CHECK:+attention_cuda_check}
+  [ -n "${AB_PARALLEL:-}" ] || build_one "$tag" "$defs"
   cp "$dir"/plugin/python/_cuda*.so "$WORK/$tag.so"
   tags+=("$tag")
   echo "built $tag ($defs)"
@@ -52,7 +68,8 @@ for round in $(seq 1 "$ROUNDS"); do
       elif [ "$grid" = bertctx ]; then
         $PY "$REPO/scripts/bert_layer_in_context.py" 30 "${BERTCTX_CONTEXTS:-alone,layer}"
       else
-        $PY "$REPO/scripts/ab_sweep.py" "$grid" D=1
+        # shellcheck disable=SC2086 # AB_VARIANTS: one word per variant
+        $PY "$REPO/scripts/ab_sweep.py" "$grid" D=1 ${AB_VARIANTS:-}
       fi
     done
   done

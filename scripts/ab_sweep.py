@@ -41,6 +41,10 @@ D64 = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), 
 # partial round, one with a near-empty last round, causal, the longest)
 PSHORT = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 0),
           (8, 16, 4096, 128, torch.bfloat16, 1), (2, 16, 16384, 128, torch.bfloat16, 0)]
+# pquick: pshort without S=16384 (stream-K, which neither chaining nor kPlain's item-boundary knobs
+# touch), causal S=1024 instead: four points for A/Bs that must fit a device call beside builds
+PQUICK = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.bfloat16, 1),
+          (8, 16, 4096, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 1)]
 # causal: the persistent grid's orders (session 8: the dynamic order against one block per row tile,
 # OPSFUSE_CUDA_HOPPER_DYNAMIC=0): issue 7's causal points, other row-tile counts per head, D = 64
 CAUSAL = [(8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 4096, 128, torch.bfloat16, 1),
@@ -95,7 +99,7 @@ PROBE128 = [(8, 16, 1024, 128, torch.bfloat16, 0), (1, 16, 512, 128, torch.bfloa
             (1, 8, 1024, 128, torch.bfloat16, 0), (1, 4, 2048, 128, torch.bfloat16, 0), (1, 2, 4096, 128, torch.bfloat16, 0),
             (1, 4, 1024, 64, torch.float16, 0), (1, 16, 512, 128, torch.bfloat16, 1), (1, 8, 2048, 128, torch.bfloat16, 1),
             (1, 16, 256, 128, torch.bfloat16, 0)]
-GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "causal": CAUSAL, "items": ITEMS,
+GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "pquick": PQUICK, "causal": CAUSAL, "items": ITEMS,
          "seed": SEED, "rate": RATE, "short": SHORT, "wide": WIDE, "widelong": WIDELONG,
          "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128, "probe128": PROBE128}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
