@@ -35,29 +35,6 @@ constexpr float kRescaleSlack = 8.0f;
 #endif
 constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 
-// K/V of a persistent block's next item into L2 ahead of its loads, in kPlain / kPlainChain (an A/B
-// candidate of session 31, not yet measured: docs/notes/cuda_kernel.md). In the static order a
-// round's items are heads that no block has read yet, so every key tile's first reader waits for
-// DRAM with one tile of lookahead in the 2-stage ring; at S=1024 a tile has 8 readers, at S=4096 32.
-// Session 32's trace refuted that premise (S=1024's K/V waits per tile equal S=4096's, also at half
-// the grid): predicted level, to be measured once and then removed. The macro (compile time, A/B
-// builds): 1 turns it on.
-#ifndef OPSFUSE_HOPPER_L2_PREFETCH
-#define OPSFUSE_HOPPER_L2_PREFETCH 0
-#endif
-constexpr bool kL2Prefetch = OPSFUSE_HOPPER_L2_PREFETCH != 0;
-
-// The pingpong's turns carried across a persistent block's items in kPlain (an A/B candidate of
-// session 31, not yet measured): warpgroup 0 then issues an item's first S product once
-// warpgroup 1 has issued the previous item's last P V, not after warpgroup 1's epilogue. Session 9
-// measured -1 % at S=1024 D = 128 and +2-4 % on the seed shapes, which kPlain no longer runs (they
-// take kPlainSeq, kPlainSeqWide and kPlainSplit since sessions 19-28). The macro (compile time,
-// A/B builds): 1 turns it on.
-#ifndef OPSFUSE_HOPPER_CARRY_TURNS
-#define OPSFUSE_HOPPER_CARRY_TURNS 0
-#endif
-constexpr bool kCarryTurns = OPSFUSE_HOPPER_CARRY_TURNS != 0;
-
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups

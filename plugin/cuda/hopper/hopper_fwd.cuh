@@ -320,24 +320,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     slot[0] = make_int4(wk.b, wk.h, wk.row0, wk.len);
     slot[1] = make_int4(wk.t_begin, wk.t_end, wk.kr.all_visible, 0);
   };
-  // kL2Prefetch: this block's share of a later round's K/V (item w) into L2, about an item before
-  // the loads want them (the scheduler thread issues it where it publishes round r, once round
-  // r - kQBuffers has released its Q): the key tiles whose index is the item's row tile modulo the row tiles per head, so that
-  // the blocks whose items share a (batch, kv head) -- neighbours in the static order -- prefetch
-  // each tile about once. Every key tile of the head, the item's visible range or not (causal
-  // chains read fewer): work_of()'s arithmetic beside the work thread's spilled (24 registers).
-  auto prefetch_kv_share = [&](int w) {
-    const int n_rt = row_tiles(), bh = w / n_rt, h = bh % a.heads_q;
-    const int b = bh / a.heads_q, hk = h / a.group;
-    const int n_kt = (a.seq_k + kBN - 1) / kBN;
-    for (int it = n_rt - 1 - w % n_rt; it < n_kt; it += n_rt) {
-#pragma unroll
-      for (int c = 0; c < kRegions; ++c) {
-        tma_prefetch_l2_4d(&tm_k, c * 64, it * kBN, hk, b);
-        tma_prefetch_l2_4d(&tm_v, c * 64, it * kBN, hk, b);
-      }
-    }
-  };
   // (Plain loads: the wait before them is an asm with a memory clobber, which they cannot cross.)
   // Consumers read a round's slots (this Work, its item) in lane 0 of each warp and broadcast
   // them: a slot is rewritten for round r + kQBuffers once round r's Q is released, an arrive by
@@ -411,9 +393,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (stream_k() && w < n_work) sk_slot[round % kQBuffers] = sk_range(w);
         mbar_arrive(bar_sched(round));
         if (w >= n_work) break;
-        if constexpr (kL2Prefetch && (kMode == kPlain || kMode == kPlainChain)) {
-          if (round > 0) prefetch_kv_share(w);
-        }
       }
     }
     // A third thread (warp 2) publishes each round's Work for the consumers (publish_work) and is
@@ -494,12 +473,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
-  // kCarryTurns: the pingpong's turns run on across the block's items -- warpgroup 1 opens on its
-  // first item only and passes after every batch, its items' last ones included, and warpgroup 0
-  // takes the last pass after the block's last item. Only where every item has a key tile and
-  // stays whole in this block (no key splits, tail split or stream-K: no exit but the loop's end).
-  const bool carry_turns = kCarryTurns && kMode == kPlain && pingpong != 0 && splits == 1 && tail_from == INT_MAX &&
-                           !stream_k() && a.key_lengths == nullptr && (a.causal == 0 || a.causal_offset >= 0);
   // This consumer warpgroup's 128 threads meet (named barrier 4 + cw). Immediates: a register
   // barrier id would make ptxas reserve all 16.
   auto wg_sync = [&]() {
@@ -952,9 +925,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto turn_pass = [&](bool last) {
       if (!pp) return;
       if (cw == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-      else if (!last || odd_turn || carry_turns) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+      else if (!last || odd_turn) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
     };
-    if (pp && cw == 1 && !(carry_turns && round > 0)) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+    if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 
     // K/V tile `it` (t_begin <= it < t_end) of this item is ring tile ring0 + it: its stage and
     // phase parity.
@@ -1515,7 +1488,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     OPSFUSE_HOPPER_STAMP(6);  // the output's stores are done (from registers)
     kv_base = ring0 + t_end;
   }  // work items
-  if (carry_turns && cw == 0 && round > 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");  // the last pass
   // The output tile's last TMA stores must have read it before the block (and its shared memory)
   // is gone; their global writes need no wait here: they complete before the grid does.
   if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();

@@ -70,15 +70,6 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return policy;
 }
 
-// TMA prefetch: the box of the 4-D tensor map at (c0, c1, c2, c3) into L2 only -- no shared memory,
-// nothing to wait for -- for a load that comes later.
-__device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-}
-
 // TMA store: shared memory (laid out as the map's box, 128-byte swizzle) to the box of the 4-D tensor
 // map at (c0, c1, c2, c3); elements outside the tensor (rows >= Sq, columns >= Dv) are not written.
 // Tracked per issuing thread in bulk groups: commit, then wait until the group has read its shared
