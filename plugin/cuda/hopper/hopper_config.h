@@ -35,6 +35,17 @@ constexpr float kRescaleSlack = 8.0f;
 #endif
 constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 
+// The output tile's TMA stores per warp instead of per warpgroup (an A/B candidate of session 33, not
+// yet measured): each warp stages its 16 rows, fences them and has its lane 0 store them (16-row
+// boxes), so that the epilogue holds no warpgroup barrier -- a warp's rows are its own, and its
+// lane 0's bulk group is the one that must have read them before the next item's staging. The
+// macro (compile time, A/B builds): 1 turns it on.
+#ifndef OPSFUSE_HOPPER_WARP_STORES
+#define OPSFUSE_HOPPER_WARP_STORES 0
+#endif
+constexpr bool kWarpStores = OPSFUSE_HOPPER_WARP_STORES != 0;
+constexpr int kOStoreRows = kWarpStores ? 16 : 64;  // rows per output TMA store (the map's box)
+
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups

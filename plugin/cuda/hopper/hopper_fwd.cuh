@@ -875,8 +875,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stores must have read the buffer first.
     auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
       const uint32_t so = sO + cw * 64 * 128;
-      if (t == 0) bulk_wait_read();
-      wg_sync();
+      if constexpr (kWarpStores) {  // this warp's rows only: its lane 0's last stores have read them
+        if (lane == 0) bulk_wait_read();
+        __syncwarp();
+      } else {
+        if (t == 0) bulk_wait_read();
+        wg_sync();
+      }
       // kPlainSeqWide: the thread's lane read again here (volatile: not hoisted), so that ptxas does
       // not compute the 16 store addresses ahead of the key loop and keep them there (with them the
       // wide step's wgmmas were serialized, C7512).
@@ -899,11 +904,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       fence_proxy_async_smem();
-      wg_sync();
-      if (t == 0) {
+      if constexpr (kWarpStores) {
+        __syncwarp();
+        if (lane_ == 0) {
 #pragma unroll
-        for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
-        bulk_commit();
+          for (int c = 0; c < kRegions; ++c)
+            tma_store_4d(&tm_y, so + c * (kBM * 128) + warp_ * 16 * 128, c * 64, row0_ + cw * 64 + warp_ * 16, h_, b_);
+          bulk_commit();
+        }
+      } else {
+        wg_sync();
+        if (t == 0) {
+#pragma unroll
+          for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
+          bulk_commit();
+        }
       }
     };
 
@@ -1429,7 +1444,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       cluster_sync();  // no block leaves (freeing its shared memory) while rank 0 still reads it
       if (split > 0) {
-        if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();  // earlier rounds' output stores
+        if (Cfg::kOStage && tma_store && (kWarpStores ? lane : t) == 0) bulk_wait_read();  // earlier rounds' output stores
         return;
       }
     }
@@ -1490,7 +1505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }  // work items
   // The output tile's last TMA stores must have read it before the block (and its shared memory)
   // is gone; their global writes need no wait here: they complete before the grid does.
-  if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();
+  if (Cfg::kOStage && tma_store && (kWarpStores ? lane : t) == 0) bulk_wait_read();
 }
 
 #undef OPSFUSE_HOPPER_STAMP
