@@ -35,6 +35,17 @@ constexpr float kRescaleSlack = 8.0f;
 #endif
 constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 
+// Each round's Q tile loaded by the producer's work thread as soon as the round's item is published
+// (an A/B candidate of session 33, not yet measured), instead of by the loading thread after it has
+// issued the previous item's last K/V tile: a persistent block's next Q then starts about an item
+// ahead rather than ~1.5 key-tile steps (round 0 stays with the loading thread). Where rounds start
+// together on every SM (S=1024: 132 items of new heads at once), the Q tiles come from DRAM in one
+// burst beside the new heads' K/V. The macro (compile time, A/B builds): 1 turns it on.
+#ifndef OPSFUSE_HOPPER_EARLY_Q
+#define OPSFUSE_HOPPER_EARLY_Q 0
+#endif
+constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
+
 // The output tile's TMA stores per warp instead of per warpgroup (an A/B candidate of session 33, not
 // yet measured): each warp stages its 16 rows, fences them and has its lane 0 store them (16-row
 // boxes), so that the epilogue holds no warpgroup barrier -- a warp's rows are its own, and its

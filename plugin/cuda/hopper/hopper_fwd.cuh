@@ -319,6 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int4* const slot = work_slot[r % kQBuffers];
     slot[0] = make_int4(wk.b, wk.h, wk.row0, wk.len);
     slot[1] = make_int4(wk.t_begin, wk.t_end, wk.kr.all_visible, 0);
+    return wk;
   };
   // (Plain loads: the wait before them is an asm with a memory clobber, which they cannot cross.)
   // Consumers read a round's slots (this Work, its item) in lane 0 of each warp and broadcast
@@ -402,12 +403,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     // arrives on its Q barrier like any other round's: the consumers then cannot release round 0,
     // nor the scheduler reuse its slot or move bar_sched on, before this thread has passed it (a
     // read without that arrive raced with the slot's reuse, and a wait one phase late would hang).
+    // kEarlyQ: from round 1 on this thread also loads the round's Q (its arrive with Q's bytes
+    // stands for the loading thread's), right after the Work is out: the scheduler published the
+    // round only once the buffer's previous round released it.
     if (tid == 64) {
       for (int round = 0;; ++round) {
         mbar_wait(bar_sched(round), q_parity(round));
         const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
-        if (round > 0 && w < n_work) publish_work(round, w);
+        if (round > 0 && w < n_work) {
+          const Work wk = publish_work(round, w);
+          if constexpr (kEarlyQ) {
+            const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
+            mbar_expect_tx(bar_q(round), Cfg::kQBytes);
+#pragma unroll
+            for (int c = 0; c < kRegions; ++c)
+              tma_load_4d(sq + c * kBM * 128, &tm_q, bar_q(round), c * 64, wk.row0, wk.h, wk.b);
+          }
+        }
         mbar_arrive(bar_q(round));
+        if (kEarlyQ && round > 0 && w >= n_work) mbar_arrive(bar_q(round));  // the loading thread's share
         if (w >= n_work) break;
       }
     }
@@ -424,20 +438,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_wait(bar_sched(round), q_parity(round));
           w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
         }
+        const bool loads_q = !kEarlyQ || round == 0;  // kEarlyQ: the work thread loads later rounds' Q
         if (w >= n_work) {
           // No more items: the consumers read n_work after this round's Q barrier (round 0 of the
           // static order computes it, and nobody waits on that phase).
-          mbar_arrive(bar_q(round));
+          if (loads_q) mbar_arrive(bar_q(round));
           break;
         }
         // The Q buffer's previous item (round - kQBuffers) released it after its last S = Q K^T.
-        if (round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
+        if (loads_q && round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
         const Work wk = scheduled_work(round, w);
-        const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
-        mbar_expect_tx(bar_q(round), Cfg::kQBytes);
+        if (loads_q) {
+          const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
+          mbar_expect_tx(bar_q(round), Cfg::kQBytes);
 #pragma unroll
-        for (int c = 0; c < kRegions; ++c)
-          tma_load_4d(sq + c * kBM * 128, &tm_q, bar_q(round), c * 64, wk.row0, wk.h, wk.b);
+          for (int c = 0; c < kRegions; ++c)
+            tma_load_4d(sq + c * kBM * 128, &tm_q, bar_q(round), c * 64, wk.row0, wk.h, wk.b);
+        }
         for (int it = wk.t_begin; it < wk.t_end; ++it, ++kv) {
           const int s = kv % kStages;
           const uint32_t empty_parity = ((kv / kStages) & 1) ^ 1;  // first use of a stage passes at once
