@@ -42,10 +42,13 @@ def main() -> int:
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 25
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    header = rows[0]
+    # The export opens with a row or two about the kernel; the table's header is the first row
+    # that names a "Source" column.
+    start = next((i for i, r in enumerate(rows) if any(c.strip() == "Source" for c in r)), 0)
+    header = rows[start]
     src, ex, sa, reasons = columns(header)
     data = []
-    for r in rows[1:]:
+    for r in rows[start + 1:]:
         if len(r) != len(header):
             continue
         e, s = number(r[ex]), number(r[sa])
