@@ -35,27 +35,19 @@ constexpr float kRescaleSlack = 8.0f;
 #endif
 constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 
-// Each round's Q tile loaded by the producer's work thread as soon as the round's item is published
-// (an A/B candidate of session 33, not yet measured), instead of by the loading thread after it has
-// issued the previous item's last K/V tile: a persistent block's next Q then starts about an item
-// ahead rather than ~1.5 key-tile steps (round 0 stays with the loading thread). Where rounds start
-// together on every SM (S=1024: 132 items of new heads at once), the Q tiles come from DRAM in one
-// burst beside the new heads' K/V. The macro (compile time, A/B builds): 1 turns it on.
+// Each round's Q tile loaded by the producer's work thread as soon as the round's item is published,
+// instead of by the loading thread after it has issued the previous item's last K/V tile: a
+// persistent block's next Q then starts about an item ahead rather than ~1.5 key-tile steps (round
+// 0 stays with the loading thread). Where rounds start together on every SM (S=1024: 132 items of
+// new heads at once), the Q tiles come from DRAM in one burst beside the new heads' K/V. Measured
+// at D = 128 (H100, session 33, two rounds against the build without it, B=8 H=16 bf16): S=4096 and
+// causal S=4096 -0.6 to -1.9 %, causal S=1024 -1 to -2 %, S=1024 -1 % to level; taken at D = 128
+// only (the kernels of D = 64 and 256 were not measured with it). The macro (compile time, A/B
+// builds): 0 turns it off.
 #ifndef OPSFUSE_HOPPER_EARLY_Q
-#define OPSFUSE_HOPPER_EARLY_Q 0
+#define OPSFUSE_HOPPER_EARLY_Q 1
 #endif
 constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
-
-// The output tile's TMA stores per warp instead of per warpgroup (an A/B candidate of session 33, not
-// yet measured): each warp stages its 16 rows, fences them and has its lane 0 store them (16-row
-// boxes), so that the epilogue holds no warpgroup barrier -- a warp's rows are its own, and its
-// lane 0's bulk group is the one that must have read them before the next item's staging. The
-// macro (compile time, A/B builds): 1 turns it on.
-#ifndef OPSFUSE_HOPPER_WARP_STORES
-#define OPSFUSE_HOPPER_WARP_STORES 0
-#endif
-constexpr bool kWarpStores = OPSFUSE_HOPPER_WARP_STORES != 0;
-constexpr int kOStoreRows = kWarpStores ? 16 : 64;  // rows per output TMA store (the map's box)
 
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)

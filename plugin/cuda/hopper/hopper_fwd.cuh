@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!kSeq || kD <= 128, "kPlainSeq: compiled at D = 64 and 128 only");
   static_assert(!kSeqWide || kD == 64, "kPlainSeqWide: compiled at D = 64 only");
   constexpr bool kPlainScores = kMode == kPlain || kChain || kSeq;  // no mask, no softcap, 128-row items
+  constexpr bool kEarlyQHere = kEarlyQ && kD == 128;  // hopper_config.h: measured at D = 128
   // Row sums on the tensor cores (kSumOnTensor): O's accumulators grow by one 8-column group.
   constexpr bool kSumTensor = Cfg::kOnesBytes > 0;  // kPlainSeqWide, unless OPSFUSE_HOPPER_SUM_ON_TENSOR=0
   constexpr int kOCols = kD + (kSumTensor ? 8 : 0);
@@ -353,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensormap(&tm_v);
     if (Cfg::kOStage && tma_store) prefetch_tensormap(&tm_y);
     for (int b = 0; b < kQBuffers; ++b) {
-      mbar_init(bar_q(b), 2);  // the loading thread's arrive (with Q's bytes) and the work thread's
+      mbar_init(bar_q(b), 2);  // the Q loader's arrive (with Q's bytes: kEarlyQHere, the work thread's from round 1) and the work thread's
       mbar_init(bar_sched(b), 1);
       mbar_init(bar_qempty(b), kConsumerWarps);
     }
@@ -412,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
         if (round > 0 && w < n_work) {
           const Work wk = publish_work(round, w);
-          if constexpr (kEarlyQ) {
+          if constexpr (kEarlyQHere) {
             const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
             mbar_expect_tx(bar_q(round), Cfg::kQBytes);
 #pragma unroll
@@ -421,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         mbar_arrive(bar_q(round));
-        if (kEarlyQ && round > 0 && w >= n_work) mbar_arrive(bar_q(round));  // the loading thread's share
+        if (kEarlyQHere && round > 0 && w >= n_work) mbar_arrive(bar_q(round));  // the loading thread's share
         if (w >= n_work) break;
       }
     }
@@ -438,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_wait(bar_sched(round), q_parity(round));
           w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
         }
-        const bool loads_q = !kEarlyQ || round == 0;  // kEarlyQ: the work thread loads later rounds' Q
+        const bool loads_q = !kEarlyQHere || round == 0;  // kEarlyQ: the work thread loads later rounds' Q
         if (w >= n_work) {
           // No more items: the consumers read n_work after this round's Q barrier (round 0 of the
           // static order computes it, and nobody waits on that phase).
@@ -892,13 +893,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stores must have read the buffer first.
     auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
       const uint32_t so = sO + cw * 64 * 128;
-      if constexpr (kWarpStores) {  // this warp's rows only: its lane 0's last stores have read them
-        if (lane == 0) bulk_wait_read();
-        __syncwarp();
-      } else {
-        if (t == 0) bulk_wait_read();
-        wg_sync();
-      }
+      if (t == 0) bulk_wait_read();
+      wg_sync();
       // kPlainSeqWide: the thread's lane read again here (volatile: not hoisted), so that ptxas does
       // not compute the 16 store addresses ahead of the key loop and keep them there (with them the
       // wide step's wgmmas were serialized, C7512).
@@ -921,21 +917,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       fence_proxy_async_smem();
-      if constexpr (kWarpStores) {
-        __syncwarp();
-        if (lane_ == 0) {
+      wg_sync();
+      if (t == 0) {
 #pragma unroll
-          for (int c = 0; c < kRegions; ++c)
-            tma_store_4d(&tm_y, so + c * (kBM * 128) + warp_ * 16 * 128, c * 64, row0_ + cw * 64 + warp_ * 16, h_, b_);
-          bulk_commit();
-        }
-      } else {
-        wg_sync();
-        if (t == 0) {
-#pragma unroll
-          for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
-          bulk_commit();
-        }
+        for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
+        bulk_commit();
       }
     };
 
@@ -1461,7 +1447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       cluster_sync();  // no block leaves (freeing its shared memory) while rank 0 still reads it
       if (split > 0) {
-        if (Cfg::kOStage && tma_store && (kWarpStores ? lane : t) == 0) bulk_wait_read();  // earlier rounds' output stores
+        if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();  // earlier rounds' output stores
         return;
       }
     }
@@ -1522,7 +1508,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }  // work items
   // The output tile's last TMA stores must have read it before the block (and its shared memory)
   // is gone; their global writes need no wait here: they complete before the grid does.
-  if (Cfg::kOStage && tma_store && (kWarpStores ? lane : t) == 0) bulk_wait_read();
+  if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();
 }
 
 #undef OPSFUSE_HOPPER_STAMP

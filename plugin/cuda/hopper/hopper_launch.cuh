@@ -40,7 +40,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // from registers, to measure); otherwise the kernel stores from registers.
   const int tma_store = Cfg::kOStage && plan.tma_store &&
                                 hopper_encode_map(&ty, a.y, kBf16, a.head_dim_v, a.seq_q, a.heads_q, a.batch,
-                                                  a.y_stride, hopper::kOStoreRows, /*l2_promotion=*/0)
+                                                  a.y_stride, 64, /*l2_promotion=*/0)
                             ? 1
                             : 0;
   if (!tma_store) ty = tq;  // a valid map in the unused parameter
