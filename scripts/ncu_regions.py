@@ -29,8 +29,8 @@ def columns(header: list[str]) -> tuple[int, int, int, list[int]]:
         raise SystemExit(f"no column with {needles} in {header}")
 
     src = find("source")
-    executed = next(i for i, h in enumerate(header) if h.strip().lower() == "instructions executed") \
-        if any(h.strip().lower() == "instructions executed" for h in header) else find("instructions executed")
+    exact = [i for i, h in enumerate(header) if h.strip().lower() == "instructions executed"]
+    executed = exact[0] if exact else find("instructions executed")
     samples = find("warp stall sampling", "all")
     skip = {src, executed, samples}
     reasons = [i for i, h in enumerate(header) if i not in skip and "stall" in h.lower() and "sampling" not in h.lower()]
@@ -61,8 +61,9 @@ def main() -> int:
     total_samples = sum(s for _, _, s in data) or 1.0
     print(f"{len(data)} instructions, peak executed {peak:.0f}, {total_samples:.0f} samples")
     print("reason columns: " + ", ".join(header[i].strip()[:30] for i in reasons))
-    # Classes by executed count relative to the hottest instruction (the loop's): >= 1/2 of it, 1/16
-    # to 1/2 (the once-per-item code of items of 2-16 tiles), below (once per block).
+    # Classes by executed count relative to the hottest instruction: >= 1/2 of it, 1/16 to 1/2, below.
+    # The hottest is the key loop's, or an idle producer warp's barrier spin loop where that runs
+    # more often (opsfuse's kernel, session 33: its consumers' loop then falls in the middle class).
     bands = [("hot (>= 1/2 peak)", 0.5, float("inf")), ("warm (1/16-1/2 peak)", 1 / 16, 0.5),
              ("cold (< 1/16 peak)", 0.0, 1 / 16)]
     for name, low, high in bands:

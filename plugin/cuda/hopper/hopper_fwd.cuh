@@ -315,6 +315,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // work_of's divisions by kernel parameters (~500 instructions of SASS, long dependent chains)
   // sat at every item boundary of both consumer warpgroups, with the tensor cores idle. Only the
   // consumers' part of it: they use neither hk nor kr.n_end.
+  // Round r's Q tile (item wk) into its buffer, with its bytes announced on round r's Q barrier
+  // (an arrive): by the loading thread, or with kEarlyQHere from round 1 by the work thread.
+  auto load_q = [&](int r, const Work& wk) {
+    const uint32_t sq = sQ + (r % kQBuffers) * Cfg::kQBytes;
+    mbar_expect_tx(bar_q(r), Cfg::kQBytes);
+#pragma unroll
+    for (int c = 0; c < kRegions; ++c) tma_load_4d(sq + c * kBM * 128, &tm_q, bar_q(r), c * 64, wk.row0, wk.h, wk.b);
+  };
   auto publish_work = [&](int r, int w) {
     const Work wk = scheduled_work(r, w);
     int4* const slot = work_slot[r % kQBuffers];
@@ -354,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensormap(&tm_v);
     if (Cfg::kOStage && tma_store) prefetch_tensormap(&tm_y);
     for (int b = 0; b < kQBuffers; ++b) {
-      mbar_init(bar_q(b), 2);  // the Q loader's arrive (with Q's bytes: kEarlyQHere, the work thread's from round 1) and the work thread's
+      mbar_init(bar_q(b), 2);  // load_q()'s arrive (with Q's bytes) and the work thread's
       mbar_init(bar_sched(b), 1);
       mbar_init(bar_qempty(b), kConsumerWarps);
     }
@@ -413,13 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
         if (round > 0 && w < n_work) {
           const Work wk = publish_work(round, w);
-          if constexpr (kEarlyQHere) {
-            const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
-            mbar_expect_tx(bar_q(round), Cfg::kQBytes);
-#pragma unroll
-            for (int c = 0; c < kRegions; ++c)
-              tma_load_4d(sq + c * kBM * 128, &tm_q, bar_q(round), c * 64, wk.row0, wk.h, wk.b);
-          }
+          if constexpr (kEarlyQHere) load_q(round, wk);
         }
         mbar_arrive(bar_q(round));
         if (kEarlyQHere && round > 0 && w >= n_work) mbar_arrive(bar_q(round));  // the loading thread's share
@@ -449,13 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The Q buffer's previous item (round - kQBuffers) released it after its last S = Q K^T.
         if (loads_q && round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
         const Work wk = scheduled_work(round, w);
-        if (loads_q) {
-          const uint32_t sq = sQ + (round % kQBuffers) * Cfg::kQBytes;
-          mbar_expect_tx(bar_q(round), Cfg::kQBytes);
-#pragma unroll
-          for (int c = 0; c < kRegions; ++c)
-            tma_load_4d(sq + c * kBM * 128, &tm_q, bar_q(round), c * 64, wk.row0, wk.h, wk.b);
-        }
+        if (loads_q) load_q(round, wk);
         for (int it = wk.t_begin; it < wk.t_end; ++it, ++kv) {
           const int s = kv % kStages;
           const uint32_t empty_parity = ((kv / kStages) & 1) ^ 1;  // first use of a stage passes at once
