@@ -121,7 +121,6 @@ __device__ __forceinline__ void mma_pv(float (&d)[kN / 2], const uint32_t (&a)[4
   }
 }
 
-// Two floats -> one register of two 16-bit values (x0 in the low half), one cvt instruction.
 // Four 8x8 matrices of 16-bit values from their mma fragments (register i: matrix i's pair of
 // row lane / 4, columns 2 (lane % 4) and + 1) to shared memory; lane l gives the address of row
 // l % 8 of matrix l / 8 (16 bytes). sm_90.
@@ -131,6 +130,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// Two floats -> one register of two 16-bit values (x0 in the low half), one cvt instruction.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
   if constexpr (std::is_same_v<T, __half>) {
