@@ -185,6 +185,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto q_parity = [&](int r) { return static_cast<uint32_t>((r / kQBuffers) & 1); };
   auto bar_ofull = [&](int cw_) { return smem_u32(&obars[cw_]); };
   auto bar_oempty = [&](int cw_) { return smem_u32(&obars[2 + cw_]); };
+  // Consumer warpgroup cw_'s staged output rows (the output tile's layout) to rows row.. of (batch,
+  // head) by TMA, one store per 64-column region, as one bulk group of the issuing thread.
+  auto store_output = [&](int cw_, int row, int head, int batch) {
+#pragma unroll
+    for (int c = 0; c < kRegions; ++c)
+      tma_store_4d(&tm_y, sO + cw_ * 64 * 128 + c * (kBM * 128), c * 64, row, head, batch);
+    bulk_commit();
+  };
 
   // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
   // (K/V reuse in L2), heaviest (causal) first. n_work items in all: one per block unless the
@@ -457,11 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             done = true;
             continue;
           }
-          const int row = o.x, head = o.y, batch = o.z;
-#pragma unroll
-          for (int r = 0; r < kRegions; ++r)
-            tma_store_4d(&tm_y, sO + c * 64 * 128 + r * (kBM * 128), r * 64, row, head, batch);
-          bulk_commit();
+          store_output(c, o.x, o.y, o.z);
         }
         if (done) break;
         bulk_wait_read();
@@ -530,6 +534,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   int round = 0;
   // kProducerStore: the items this warpgroup has staged (the parity of its buffer's releases).
   [[maybe_unused]] int n_staged = 0;
+  // kProducerStore: the wait for the store thread's release of the items staged so far, and the
+  // hand-over of a staged slot (lane 0 of each warp arrives after the warp's __syncwarp).
+  auto wait_output_buffer = [&]() {
+    if (n_staged > 0) mbar_wait(bar_oempty(cw), (n_staged - 1) & 1);
+  };
+  auto hand_over_output = [&](const int4 slot) {
+    if (t == 0) oslot[cw] = slot;
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_ofull(cw));
+  };
   // This consumer warpgroup's 128 threads meet (named barrier 4 + cw). Immediates: a register
   // barrier id would make ptxas reserve all 16.
   auto wg_sync = [&]() {
@@ -974,25 +988,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
       if constexpr (kProducerStore) {
-        // The buffer's previous stores have read it (the store thread's release), then the rows,
-        // each thread's fence, and one arrive per warp (lane 0's after the warp's __syncwarp).
-        if (n_staged > 0) mbar_wait(bar_oempty(cw), (n_staged - 1) & 1);
+        // The buffer's previous stores have read it, then the rows and each thread's fence.
+        wait_output_buffer();
         ++n_staged;
         stage_rows(lp);
-        if (t == 0) oslot[cw] = make_int4(row0_ + cw * 64, h_, b_, 0);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_ofull(cw));
+        hand_over_output(make_int4(row0_ + cw * 64, h_, b_, 0));
       } else {
-        const uint32_t so = sO + cw * 64 * 128;
         if (t == 0) bulk_wait_read();
         wg_sync();
         stage_rows(lp);
         wg_sync();
-        if (t == 0) {
-#pragma unroll
-          for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
-          bulk_commit();
-        }
+        if (t == 0) store_output(cw, row0_ + cw * 64, h_, b_);
       }
     };
 
@@ -1582,10 +1588,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();
   if constexpr (kProducerStore) {
     // The store thread's end: once it has read this warpgroup's last slot, a slot marked 1.
-    if (n_staged > 0) mbar_wait(bar_oempty(cw), (n_staged - 1) & 1);
-    if (t == 0) oslot[cw] = make_int4(0, 0, 0, 1);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ofull(cw));
+    wait_output_buffer();
+    hand_over_output(make_int4(0, 0, 0, 1));
   }
 }
 
