@@ -58,17 +58,6 @@ constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
 #endif
 constexpr bool kStMatrix = OPSFUSE_HOPPER_STMATRIX != 0;
 
-// The chain's output stores issued by the producer warpgroup's idle warp (OPSFUSE_HOPPER_PRODUCER_STORE=1,
-// compile time, A/B; kPlainChain only): each consumer warpgroup stages its rows, fences them and
-// arrives on an mbarrier; the producer's fourth warp issues the TMA stores, waits until they have
-// read the buffer and releases it on a second mbarrier, which the warpgroup waits for before it
-// stages its next item. The consumers' epilogue loses its two warpgroup barriers and the TMA issue.
-// Session 35: without the TMA store instructions (barriers kept) the chained S=1024 ran 3.5-4.8 %
-// faster; this separates the instruction's cost to the issuing warp from its effect on the SM.
-#ifndef OPSFUSE_HOPPER_PRODUCER_STORE
-#define OPSFUSE_HOPPER_PRODUCER_STORE 0
-#endif
-
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups

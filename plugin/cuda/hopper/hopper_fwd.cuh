@@ -138,8 +138,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kSplitWG = kMode == kPlainSplit;
   constexpr bool kChain = kMode == kPlainChain;
   constexpr bool kSeqWide = kMode == kPlainSeqWide;
-  // hopper_config.h's OPSFUSE_HOPPER_PRODUCER_STORE (kPlainChain: persistent, unsplit, TMA stores).
-  constexpr bool kProducerStore = OPSFUSE_HOPPER_PRODUCER_STORE != 0 && kChain;
   constexpr bool kSeq = kMode == kPlainSeq || kSeqWide;
   static_assert(!kSeq || kD <= 128, "kPlainSeq: compiled at D = 64 and 128 only");
   static_assert(!kSeqWide || kD == 64, "kPlainSeqWide: compiled at D = 64 only");
@@ -160,11 +158,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
   __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
   __shared__ int4 work_slot[kQBuffers][2];  // round r's Work for the consumers (publish_work)
-  // kProducerStore: per consumer warpgroup cw, "rows staged" (its 4 warps arrive) and "buffer read"
-  // (the store thread arrives) barriers, and the staged item's output coordinates (row, head, batch,
-  // 1 = no more items).
-  __shared__ __align__(8) uint64_t obars[kProducerStore ? 4 : 1];
-  __shared__ int4 oslot[kProducerStore ? 2 : 1];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
@@ -183,16 +176,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // completes (the scheduler thread's arrive, see the producer).
   auto bar_sched = [&](int r) { return smem_u32(&bars[4 * kStages + 2 * kQBuffers + r % kQBuffers]); };
   auto q_parity = [&](int r) { return static_cast<uint32_t>((r / kQBuffers) & 1); };
-  auto bar_ofull = [&](int cw_) { return smem_u32(&obars[cw_]); };
-  auto bar_oempty = [&](int cw_) { return smem_u32(&obars[2 + cw_]); };
-  // Consumer warpgroup cw_'s staged output rows (the output tile's layout) to rows row.. of (batch,
-  // head) by TMA, one store per 64-column region, as one bulk group of the issuing thread.
-  auto store_output = [&](int cw_, int row, int head, int batch) {
-#pragma unroll
-    for (int c = 0; c < kRegions; ++c)
-      tma_store_4d(&tm_y, sO + cw_ * 64 * 128 + c * (kBM * 128), c * 64, row, head, batch);
-    bulk_commit();
-  };
 
   // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
   // (K/V reuse in L2), heaviest (causal) first. n_work items in all: one per block unless the
@@ -389,12 +372,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bar_kempty(s), kConsumerWarps);
       mbar_init(bar_vempty(s), kConsumerWarps);
     }
-    if constexpr (kProducerStore) {
-      for (int c = 0; c < 2; ++c) {
-        mbar_init(bar_ofull(c), kConsumerWarps / 2);
-        mbar_init(bar_oempty(c), 1);
-      }
-    }
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -449,28 +426,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive(bar_q(round));
         if (kEarlyQHere && round > 0 && w >= n_work) mbar_arrive(bar_q(round));  // the loading thread's share
         if (w >= n_work) break;
-      }
-    }
-    // kProducerStore: the fourth warp's thread stores each item's rows, warpgroup 0's then 1's (the
-    // warpgroups stage the same items in the same order), and releases both buffers once the stores
-    // have read them; a staged slot marked 1 is the warpgroup's end.
-    if (kProducerStore && tid == 96) {
-      for (uint32_t n = 0;; ++n) {
-        bool done = false;
-#pragma unroll 1
-        for (int c = 0; c < 2; ++c) {
-          mbar_wait(bar_ofull(c), n & 1);
-          const volatile int4& o = oslot[c];
-          if (o.w != 0) {
-            done = true;
-            continue;
-          }
-          store_output(c, o.x, o.y, o.z);
-        }
-        if (done) break;
-        bulk_wait_read();
-        mbar_arrive(bar_oempty(0));
-        mbar_arrive(bar_oempty(1));
       }
     }
     if (tid == 0) {
@@ -532,18 +487,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
-  // kProducerStore: the items this warpgroup has staged (the parity of its buffer's releases).
-  [[maybe_unused]] int n_staged = 0;
-  // kProducerStore: the wait for the store thread's release of the items staged so far, and the
-  // hand-over of a staged slot (lane 0 of each warp arrives after the warp's __syncwarp).
-  auto wait_output_buffer = [&]() {
-    if (n_staged > 0) mbar_wait(bar_oempty(cw), (n_staged - 1) & 1);
-  };
-  auto hand_over_output = [&](const int4 slot) {
-    if (t == 0) oslot[cw] = slot;
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ofull(cw));
-  };
   // This consumer warpgroup's 128 threads meet (named barrier 4 + cw). Immediates: a register
   // barrier id would make ptxas reserve all 16.
   auto wg_sync = [&]() {
@@ -944,8 +887,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 8 rows over all 32 banks), then one thread stores each 64-column region with TMA (rows >= Sq
     // and columns >= Dv are clipped by the tensor map). Named barrier 4 + cw; the previous item's
     // stores must have read the buffer first.
-    auto stage_rows = [&](const float (&lp)[2]) {
+    auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
       const uint32_t so = sO + cw * 64 * 128;
+      if (t == 0) bulk_wait_read();
+      wg_sync();
       // kPlainSeqWide: the thread's lane read again here (volatile: not hoisted), so that ptxas does
       // not compute the 16 store addresses ahead of the key loop and keep them there (with them the
       // wide step's wgmmas were serialized, C7512).
@@ -985,20 +930,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       fence_proxy_async_smem();
-    };
-    auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
-      if constexpr (kProducerStore) {
-        // The buffer's previous stores have read it, then the rows and each thread's fence.
-        wait_output_buffer();
-        ++n_staged;
-        stage_rows(lp);
-        hand_over_output(make_int4(row0_ + cw * 64, h_, b_, 0));
-      } else {
-        if (t == 0) bulk_wait_read();
-        wg_sync();
-        stage_rows(lp);
-        wg_sync();
-        if (t == 0) store_output(cw, row0_ + cw * 64, h_, b_);
+      wg_sync();
+      if (t == 0) {
+#pragma unroll
+        for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
+        bulk_commit();
       }
     };
 
@@ -1586,11 +1522,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The output tile's last TMA stores must have read it before the block (and its shared memory)
   // is gone; their global writes need no wait here: they complete before the grid does.
   if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();
-  if constexpr (kProducerStore) {
-    // The store thread's end: once it has read this warpgroup's last slot, a slot marked 1.
-    wait_output_buffer();
-    hand_over_output(make_int4(0, 0, 0, 1));
-  }
 }
 
 #undef OPSFUSE_HOPPER_STAMP
