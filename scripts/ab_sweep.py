@@ -99,9 +99,14 @@ PROBE128 = [(8, 16, 1024, 128, torch.bfloat16, 0), (1, 16, 512, 128, torch.bfloa
             (1, 8, 1024, 128, torch.bfloat16, 0), (1, 4, 2048, 128, torch.bfloat16, 0), (1, 2, 4096, 128, torch.bfloat16, 0),
             (1, 4, 1024, 64, torch.float16, 0), (1, 16, 512, 128, torch.bfloat16, 1), (1, 8, 2048, 128, torch.bfloat16, 1),
             (1, 16, 256, 128, torch.bfloat16, 0)]
+# chain8: causal D = 128 persistent launches over 8-15 key tiles (more items than SMs), where the
+# chain is not the default (Plan::chain_tiles = 16): whether it should start at 8 for causal
+# launches (session 36); the non-causal S=1024 beside them as the control
+CHAIN8 = [(8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.float16, 1), (4, 32, 1024, 128, torch.bfloat16, 1),
+          (4, 16, 1536, 128, torch.bfloat16, 1), (2, 32, 1920, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.bfloat16, 0)]
 GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "pquick": PQUICK, "causal": CAUSAL, "items": ITEMS,
          "seed": SEED, "rate": RATE, "short": SHORT, "wide": WIDE, "widelong": WIDELONG,
-         "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128, "probe128": PROBE128}
+         "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128, "probe128": PROBE128, "chain8": CHAIN8}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 
