@@ -27,7 +27,7 @@
 #   TRACE_GRID  hopper_trace.py's grid (d128, seed; default its five shapes); TRACE_VARIANTS its
 #               variants, space-separated NAME=VALUE[,...] switch sets (a word without "=", e.g.
 #               "default", is the default launch); TRACE_DEFS more nvcc definitions for that build
-#               (comma-separated, e.g. -DOPSFUSE_HOPPER_STMATRIX=1); TRACE_TIMEOUT seconds the traced
+#               (comma-separated, e.g. -DOPSFUSE_HOPPER_EARLY_Q=0); TRACE_TIMEOUT seconds the traced
 #               runs may take (240; a trace build's kernel that hangs must not take the whole call)
 set -u -o pipefail
 

@@ -49,15 +49,6 @@ constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 #endif
 constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
 
-// stmatrix epilogue (OPSFUSE_HOPPER_STMATRIX=1, compile time, A/B): the output rows go to the
-// staging buffer as 8x8 matrices, kD / 16 STSM.x4 per thread instead of kD / 4 four-byte stores
-// (the same bytes, a quarter of the instructions). Session 34's diagnostic: without those stores
-// the chained S=1024 ran ~3 % faster.
-#ifndef OPSFUSE_HOPPER_STMATRIX
-#define OPSFUSE_HOPPER_STMATRIX 0
-#endif
-constexpr bool kStMatrix = OPSFUSE_HOPPER_STMATRIX != 0;
-
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups

@@ -894,39 +894,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       // kPlainSeqWide: the thread's lane read again here (volatile: not hoisted), so that ptxas does
       // not compute the 16 store addresses ahead of the key loop and keep them there (with them the
       // wide step's wgmmas were serialized, C7512).
-      // (kStMatrix likewise: its 8 row addresses were computed ahead of the loop and kept there.)
       int lane_ = lane, warp_ = warp;
-      if constexpr (kSeqWide || kStMatrix) {
+      if constexpr (kSeqWide) {
         uint32_t tx;
         asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
         lane_ = static_cast<int>(tx % 32), warp_ = static_cast<int>((tx % 128) / 32);
       }
-      if constexpr (kStMatrix) {
-        // stmatrix: STSM j writes the 8x8 matrices (row half hh, column block 2j + m / 2) for
-        // m = 0..3, hh = m % 2; lane l addresses row l % 8 of matrix l / 8. That row is
-        // warp * 16 + hh * 8 + l % 8, so its swizzle term (row % 8) is l % 8.
-        const float inv[2] = {inverse(quad_sum(lp[0])), inverse(quad_sum(lp[1]))};
-        const int mat = lane_ / 8, rr = lane_ % 8;
-        const uint32_t row_addr = so + (warp_ * 16 + (mat % 2) * 8 + rr) * 128;
 #pragma unroll
-        for (int j = 0; j < kD / 16; ++j) {
-          const int col = 2 * j + mat / 2;  // this lane's column block
-          const uint32_t addr = row_addr + (col / 8) * (kBM * 128) + (((col % 8) ^ rr) << 4);
-          auto frag = [&](int i, int hh) { return pack2<T>(o[i * 4 + 2 * hh] * inv[hh], o[i * 4 + 2 * hh + 1] * inv[hh]); };
-          stmatrix_x4(addr, frag(2 * j, 0), frag(2 * j, 1), frag(2 * j + 1, 0), frag(2 * j + 1, 1));
-        }
-      } else {
+      for (int hh = 0; hh < 2; ++hh) {
+        const float inv = inverse(quad_sum(lp[hh]));
+        const int r = warp_ * 16 + lane_ / 4 + hh * 8;
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float inv = inverse(quad_sum(lp[hh]));
-          const int r = warp_ * 16 + lane_ / 4 + hh * 8;
-#pragma unroll
-          for (int i = 0; i < kD / 8; ++i) {
-            const uint32_t addr = so + (i / 8) * (kBM * 128) + r * 128 + (((i % 8) ^ (r % 8)) << 4) + 4 * (lane_ % 4);
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr),
-                         "r"(pack2<T>(o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv))
-                         : "memory");
-          }
+        for (int i = 0; i < kD / 8; ++i) {
+          const uint32_t addr = so + (i / 8) * (kBM * 128) + r * 128 + (((i % 8) ^ (r % 8)) << 4) + 4 * (lane_ % 4);
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr),
+                       "r"(pack2<T>(o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv))
+                       : "memory");
         }
       }
       fence_proxy_async_smem();

@@ -121,15 +121,6 @@ __device__ __forceinline__ void mma_pv(float (&d)[kN / 2], const uint32_t (&a)[4
   }
 }
 
-// Four 8x8 matrices of 16-bit values from their mma fragments (register i: matrix i's pair of
-// row lane / 4, columns 2 (lane % 4) and + 1) to shared memory; lane l gives the address of row
-// l % 8 of matrix l / 8 (16 bytes). sm_90.
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3)
-               : "memory");
-}
-
 // Two floats -> one register of two 16-bit values (x0 in the low half), one cvt instruction.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
