@@ -8,7 +8,8 @@ one line per Hopper kernel (HGMMA count, local loads / stores, the count of wgmm
 size: instructions and KB of code, what every SM fetches anew after other kernels have replaced it
 in its instruction caches, docs/notes/cuda_kernel.md session 14) and exits 1 when a check fails.
 ptxas reports a serialization (C7515) only while compiling; its trace in the SASS is a wait after
-every HGMMA, which this flags as "serialized" (HGMMA count == wait count)."""
+every HGMMA, which this flags as "serialized" (HGMMA count == wait count).
+tests/test_hopper_sass.py runs the same checks on the installed library in CI."""
 from __future__ import annotations
 
 import os
@@ -16,10 +17,33 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+KERNEL_MARK = "hopper_fwd_kernel"  # the Hopper prefill kernel's template (plugin/cuda/hopper/hopper_fwd.cuh)
 
-def find_cuobjdump() -> str:
+
+@dataclass
+class KernelReport:
+    name: str          # mangled
+    hgmma: int         # HGMMA instructions
+    local: int         # LDL / STL instructions
+    waits: int         # WARPGROUP.DEPBAR (wgmma waits)
+    instructions: int
+
+    @property
+    def problems(self) -> list[str]:
+        found = []
+        if self.hgmma == 0:
+            found.append("no HGMMA")
+        if self.local:
+            found.append(f"{self.local} local-memory instructions")
+        if self.hgmma and self.waits >= self.hgmma:
+            found.append("serialized (a wgmma wait after every HGMMA)")
+        return found
+
+
+def find_cuobjdump() -> str | None:
     if os.environ.get("CUOBJDUMP"):
         return os.environ["CUOBJDUMP"]
     found = shutil.which("cuobjdump")
@@ -33,7 +57,11 @@ def find_cuobjdump() -> str:
             return str(candidate)
     except ImportError:
         pass
-    sys.exit("cuobjdump not found: set CUOBJDUMP, or put CUDA's bin folder on PATH")
+    return None
+
+
+def disassemble(path: str | os.PathLike, tool: str) -> str:
+    return subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
 
 
 def kernels(sass: str) -> dict[str, str]:
@@ -45,36 +73,36 @@ def kernels(sass: str) -> dict[str, str]:
     return out
 
 
+def hopper_reports(sass: str) -> list[KernelReport]:
+    """One report per Hopper prefill kernel in a cuobjdump -sass listing, by name."""
+    return [
+        KernelReport(
+            name=name,
+            hgmma=len(re.findall(r"\bHGMMA\b", body)),
+            local=len(re.findall(r"\b(?:LDL|STL)\b", body)),
+            waits=len(re.findall(r"WARPGROUP\.DEPBAR", body)),
+            instructions=len(re.findall(r"/\*[0-9a-f]{4,}\*/", body)),  # one address comment per instruction
+        )
+        for name, body in sorted(kernels(sass).items())
+        if KERNEL_MARK in name
+    ]
+
+
 def main(paths: list[str]) -> int:
     tool = find_cuobjdump()
-    failed = False
-    seen = 0
-    for path in paths:
-        sass = subprocess.run([tool, "-sass", path], check=True, capture_output=True, text=True).stdout
-        for name, body in sorted(kernels(sass).items()):
-            if "hopper_fwd_kernel" not in name:
-                continue
-            seen += 1
-            hgmma = len(re.findall(r"\bHGMMA\b", body))
-            local = len(re.findall(r"\b(?:LDL|STL)\b", body))
-            waits = len(re.findall(r"WARPGROUP\.DEPBAR", body))
-            size = len(re.findall(r"/\*[0-9a-f]{4,}\*/", body))  # one address comment per instruction
-            problems = []
-            if hgmma == 0:
-                problems.append("no HGMMA")
-            if local:
-                problems.append(f"{local} local-memory instructions")
-            if hgmma and waits >= hgmma:
-                problems.append("serialized (a wgmma wait after every HGMMA)")
-            failed = failed or bool(problems)
-            short = re.sub(r"^_ZN7opsfuse4cuda6detail6hopper17hopper_fwd_kernelI", "", name)[:48]
-            verdict = "FAIL " + ", ".join(problems) if problems else "ok"
-            print(f"{short:50s} HGMMA {hgmma:4d}  LDL/STL {local:3d}  waits {waits:4d}  "
-                  f"code {size:6d} instr ({size * 16 / 1024:5.1f} KB)  {verdict}")
-    if seen == 0:
+    if tool is None:
+        sys.exit("cuobjdump not found: set CUOBJDUMP, or put CUDA's bin folder on PATH")
+    reports = [r for path in paths for r in hopper_reports(disassemble(path, tool))]
+    for r in reports:
+        short = re.sub(r"^_ZN7opsfuse4cuda6detail6hopper17hopper_fwd_kernelI", "", r.name)[:48]
+        verdict = "FAIL " + ", ".join(r.problems) if r.problems else "ok"
+        print(f"{short:50s} HGMMA {r.hgmma:4d}  LDL/STL {r.local:3d}  waits {r.waits:4d}  "
+              f"code {r.instructions:6d} instr ({r.instructions * 16 / 1024:5.1f} KB)  {verdict}")
+    if not reports:
         print("no Hopper prefill kernel found")
         return 1
-    print(f"{seen} Hopper prefill kernels: {'FAILED' if failed else 'all ok'}")
+    failed = any(r.problems for r in reports)
+    print(f"{len(reports)} Hopper prefill kernels: {'FAILED' if failed else 'all ok'}")
     return 1 if failed else 0
 
 
