@@ -9,7 +9,8 @@ size: instructions and KB of code, what every SM fetches anew after other kernel
 in its instruction caches, docs/notes/cuda_kernel.md session 14) and exits 1 when a check fails.
 ptxas reports a serialization (C7515) only while compiling; its trace in the SASS is a wait after
 every HGMMA, which this flags as "serialized" (HGMMA count == wait count).
-tests/test_hopper_sass.py runs the same checks on the installed library in CI."""
+tests/gpu/test_kernel_sass_cpu.py runs the same checks on the installed library in CI, and
+local_memory_kernels()'s spill check on every kernel of both libraries (cuobjdump -res-usage)."""
 from __future__ import annotations
 
 import os
@@ -86,6 +87,29 @@ def hopper_reports(sass: str) -> list[KernelReport]:
         for name, body in sorted(kernels(sass).items())
         if KERNEL_MARK in name
     ]
+
+
+def resource_usage(path: str | os.PathLike, tool: str) -> str:
+    return subprocess.run([tool, "-res-usage", str(path)], check=True, capture_output=True, text=True).stdout
+
+
+def local_memory_kernels(usage: str) -> list[tuple[str, str, int, int]]:
+    """(arch, kernel, stack bytes, local bytes) for every kernel of a cuobjdump -res-usage listing
+    whose frame is not empty: a spill or a stack array, in any architecture's code."""
+    found, arch, name = [], "?", None
+    for line in usage.splitlines():
+        line = line.strip()
+        if line.startswith("arch = "):
+            arch = line.split("=", 1)[1].strip()
+        elif line.startswith("Function "):
+            name = line[len("Function "):].rstrip(":")
+        elif name is not None and line.startswith("REG:"):
+            fields = dict(f.split(":", 1) for f in line.split() if ":" in f)
+            stack, local = int(fields.get("STACK", 0)), int(fields.get("LOCAL", 0))
+            if stack or local:
+                found.append((arch, name, stack, local))
+            name = None
+    return found
 
 
 def main(paths: list[str]) -> int:

@@ -1,7 +1,9 @@
-"""Issue 7's SASS requirement, checked in CI without a GPU: every Hopper prefill kernel in the
-installed ONNX Runtime library has HGMMA (wgmma) in its machine code, no local-memory traffic
-(ptxas spills or a stack array) and unserialized wgmmas. The checks are scripts/check_sass.py's,
-run on the library the package built (nvcc compiles the sm_90a kernels on any machine)."""
+"""The machine code the package built, checked in CI without a GPU (nvcc compiles every
+architecture's kernels on any machine): issue 7's SASS requirement -- every Hopper prefill kernel
+of the ONNX Runtime library has HGMMA (wgmma) in it, no local-memory traffic and unserialized
+wgmmas -- and no kernel of either library (the ORT op's, the Python binding's), in any
+architecture's code, has a stack frame or local memory (a ptxas spill). The checks are
+scripts/check_sass.py's."""
 
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def test_checks_find_what_they_look_for():
     assert reports["3"].problems == ["no HGMMA"]
 
 
-def _shipped_reports():
+def _built_cuda():
+    """(build_info, cuobjdump) for an install with CUDA kernels, else the test skips with the reason."""
     info = opsfuse.build_info()
     if not info["cuda"]:
         pytest.skip(f"the CUDA kernels were not built in this install: {info.get('cuda_reason') or 'no nvcc'}")
@@ -64,11 +67,39 @@ def _shipped_reports():
     tool = check_sass.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (CUDA's bin folder, or Triton's copy from the test extras)")
-    return check_sass.hopper_reports(check_sass.disassemble(info["ort_library"], tool))
+    return info, tool
+
+
+def test_usage_parser_finds_frames():
+    usage = """
+arch = sm_80
+ Function _Z1av:
+  REG:40 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:360
+ Function _Z1bv:
+  REG:255 STACK:16 SHARED:0 LOCAL:24 CONSTANT[0]:360
+arch = sm_90a
+ Function _Z1cv:
+  REG:168 STACK:0 SHARED:1232 LOCAL:8 CONSTANT[0]:1432
+"""
+    assert check_sass.local_memory_kernels(usage) == [("sm_80", "_Z1bv", 16, 24), ("sm_90a", "_Z1cv", 0, 8)]
+
+
+def test_no_kernel_spills_in_any_architecture():
+    info, tool = _built_cuda()
+    libraries = [info["ort_library"]]
+    if info["cuda_module"]:
+        import opsfuse.cuda  # noqa: PLC0415
+
+        libraries.append(opsfuse.cuda._module().__file__)
+    for library in libraries:
+        usage = check_sass.resource_usage(library, tool)
+        assert usage.count("Function ") >= 50, f"{library}: too few kernels listed -- did cuobjdump read it?"
+        assert check_sass.local_memory_kernels(usage) == [], library
 
 
 def test_shipped_hopper_kernels_use_wgmma_without_spills():
-    reports = _shipped_reports()
+    info, tool = _built_cuda()
+    reports = check_sass.hopper_reports(check_sass.disassemble(info["ort_library"], tool))
     failures = {r.name: r.problems for r in reports if r.problems}
     assert not failures
     # One translation unit per (dtype, head-size bucket), hopper/hopper_{f16,bf16}_d{64,128,256}.cu:
