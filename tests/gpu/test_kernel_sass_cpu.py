@@ -1,9 +1,9 @@
 """The machine code the package built, checked in CI without a GPU (nvcc compiles every
 architecture's kernels on any machine): issue 7's SASS requirement -- every Hopper prefill kernel
 of the ONNX Runtime library has HGMMA (wgmma) in it, no local-memory traffic and unserialized
-wgmmas -- and no kernel of either library (the ORT op's, the Python binding's), in any
-architecture's code, has a stack frame or local memory (a ptxas spill). The checks are
-scripts/check_sass.py's."""
+wgmmas -- and no kernel of the ORT op's library, the Python binding's or (where it was built) the
+TensorRT plugin's, in any architecture's code, has a stack frame or local memory (a ptxas spill).
+The checks are scripts/check_sass.py's."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ arch = sm_90a
 
 def test_no_kernel_spills_in_any_architecture():
     info, tool = _built_cuda()
-    libraries = [info["ort_library"]]
+    libraries = [info["ort_library"]] + ([info["trt_library"]] if info["trt_library"] else [])
     if info["cuda_module"]:
         import opsfuse.cuda  # noqa: PLC0415
 
