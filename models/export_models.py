@@ -41,6 +41,7 @@ class Spec:
     build: Callable  # (attn_implementation) -> (torch.nn.Module, dict[str, torch.Tensor], dynamic axes)
     attention_layers: int
     description: str
+    attns: tuple[str, ...] = ATTN_MODES  # the attention implementations transformers offers for it
 
 
 def _wrap(model, input_names, output_getter):
@@ -70,16 +71,20 @@ def _text_inputs(batch=2, seq=16, vocab=100, padded=True):
     return ids, mask
 
 
+def _text_model(model):
+    """`model` (a transformers module returning last_hidden_state) on a padded token batch."""
+    ids, mask = _text_inputs()
+    names = ["input_ids", "attention_mask"]
+    return _wrap(model, names, lambda o: o.last_hidden_state), {"input_ids": ids, "attention_mask": mask}, {
+        name: {0: "batch", 1: "seq"} for name in names}
+
+
 def _bert(attn):
     import transformers as tf
 
     cfg = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=64, attn_implementation=attn)
-    model = tf.BertModel(cfg, add_pooling_layer=False).eval()
-    ids, mask = _text_inputs()
-    names = ["input_ids", "attention_mask"]
-    return _wrap(model, names, lambda o: o.last_hidden_state), {"input_ids": ids, "attention_mask": mask}, {
-        "input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    return _text_model(tf.BertModel(cfg, add_pooling_layer=False).eval())
 
 
 def _gpt2(attn):
@@ -87,11 +92,7 @@ def _gpt2(attn):
 
     cfg = tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False,
                         bos_token_id=1, eos_token_id=2, attn_implementation=attn)
-    model = tf.GPT2Model(cfg).eval()
-    ids, mask = _text_inputs()
-    names = ["input_ids", "attention_mask"]
-    return _wrap(model, names, lambda o: o.last_hidden_state), {"input_ids": ids, "attention_mask": mask}, {
-        "input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    return _text_model(tf.GPT2Model(cfg).eval())
 
 
 def _llama(attn, kv_heads=4):
@@ -100,11 +101,7 @@ def _llama(attn, kv_heads=4):
     cfg = tf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=kv_heads, intermediate_size=64, max_position_embeddings=64,
                          use_cache=False, attn_implementation=attn)
-    model = tf.LlamaModel(cfg).eval()
-    ids, mask = _text_inputs()
-    names = ["input_ids", "attention_mask"]
-    return _wrap(model, names, lambda o: o.last_hidden_state), {"input_ids": ids, "attention_mask": mask}, {
-        "input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    return _text_model(tf.LlamaModel(cfg).eval())
 
 
 def _qwen2_gqa(attn):
@@ -113,11 +110,7 @@ def _qwen2_gqa(attn):
     cfg = tf.Qwen2Config(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
                          use_cache=False, attn_implementation=attn)
-    model = tf.Qwen2Model(cfg).eval()
-    ids, mask = _text_inputs()
-    names = ["input_ids", "attention_mask"]
-    return _wrap(model, names, lambda o: o.last_hidden_state), {"input_ids": ids, "attention_mask": mask}, {
-        "input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    return _text_model(tf.Qwen2Model(cfg).eval())
 
 
 def _vit(attn):
@@ -177,6 +170,89 @@ def _whisper_encoder(attn):
         "input_features": {0: "batch"}}
 
 
+# Families that only take _text_model's inputs: the config, and the model class.
+def _mistral_swa(attn):
+    import transformers as tf
+
+    cfg = tf.MistralConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                           sliding_window=8, use_cache=False, attn_implementation=attn)
+    return _text_model(tf.MistralModel(cfg).eval())
+
+
+def _gemma2(attn):
+    import transformers as tf
+
+    # Gemma 2: tanh soft-capping of the scores, a sliding window on every other layer, GQA,
+    # the scale 1 / sqrt(query_pre_attn_scalar) rather than 1 / sqrt(head_dim).
+    cfg = tf.Gemma2Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64,
+                          sliding_window=8, attn_logit_softcapping=50.0, use_cache=False,
+                          attn_implementation=attn)
+    return _text_model(tf.Gemma2Model(cfg).eval())
+
+
+def _phi3(attn):
+    import transformers as tf
+
+    cfg = tf.Phi3Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=4, intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
+                        use_cache=False, attn_implementation=attn)
+    return _text_model(tf.Phi3Model(cfg).eval())
+
+
+def _gpt_neox(attn):
+    import transformers as tf
+
+    cfg = tf.GPTNeoXConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=64, use_cache=False,
+                           attn_implementation=attn)
+    return _text_model(tf.GPTNeoXModel(cfg).eval())
+
+
+def _opt(attn):
+    import transformers as tf
+
+    cfg = tf.OPTConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+                       word_embed_proj_dim=32, max_position_embeddings=64, use_cache=False,
+                       attn_implementation=attn)
+    return _text_model(tf.OPTModel(cfg).eval())
+
+
+def _roberta(attn):
+    import transformers as tf
+
+    # position ids start after the padding index: 16 tokens need 18 positions
+    cfg = tf.RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=70, attn_implementation=attn)
+    return _text_model(tf.RobertaModel(cfg, add_pooling_layer=False).eval())
+
+
+def _distilbert(attn):
+    import transformers as tf
+
+    cfg = tf.DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                              max_position_embeddings=64, attn_implementation=attn)
+    return _text_model(tf.DistilBertModel(cfg).eval())
+
+
+def _clip_text(attn):
+    import transformers as tf
+
+    cfg = tf.CLIPTextConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=64, attn_implementation=attn)
+    return _text_model(tf.CLIPTextModel(cfg).eval())
+
+
+def _falcon_mqa(attn):
+    import transformers as tf
+
+    cfg = tf.FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_kv_heads=1, multi_query=True, new_decoder_architecture=False, use_cache=False,
+                          attn_implementation=attn)
+    return _text_model(tf.FalconModel(cfg).eval())
+
+
 SPECS = {
     s.name: s
     for s in (
@@ -189,6 +265,16 @@ SPECS = {
         Spec("t5", _t5, 6, "T5 encoder-decoder: relative position bias, causal, cross attention"),
         Spec("wav2vec2", _wav2vec2, 2, "Wav2Vec2 speech encoder"),
         Spec("whisper_encoder", _whisper_encoder, 2, "Whisper speech encoder"),
+        Spec("mistral_swa", _mistral_swa, 2, "Mistral decoder, sliding window of 8, GQA 4 / 2"),
+        Spec("gemma2", _gemma2, 2, "Gemma 2 decoder: score soft-capping, sliding window, GQA 4 / 2",
+             attns=("eager",)),  # transformers refuses sdpa for Gemma 2 (the soft-capping)
+        Spec("phi3", _phi3, 2, "Phi-3 decoder, fused QKV projection, causal + padding mask"),
+        Spec("gpt_neox", _gpt_neox, 2, "GPT-NeoX decoder, partial rotary, fused QKV projection"),
+        Spec("opt", _opt, 2, "OPT decoder, causal + padding mask"),
+        Spec("roberta", _roberta, 2, "RoBERTa encoder, padding mask"),
+        Spec("distilbert", _distilbert, 2, "DistilBERT encoder, padding mask"),
+        Spec("clip_text", _clip_text, 2, "CLIP text encoder, causal + padding mask"),
+        Spec("falcon_mqa", _falcon_mqa, 2, "Falcon-7B-style decoder, multi-query (1 kv head)"),
     )
 }
 
@@ -237,7 +323,7 @@ def export_all(out_dir, models=None, attns=ATTN_MODES, exports=EXPORTS, quiet=Tr
     """Export every requested variant; returns {variant name: path or the exception's text}."""
     results = {}
     for model in models or SPECS:
-        for attn in attns:
+        for attn in (a for a in attns if a in SPECS[model].attns):
             for exporter, opset in exports:
                 name = variant_name(model, attn, exporter, opset)
                 t0 = time.perf_counter()

@@ -27,8 +27,9 @@ from opsfuse.graph_passes import fuse_attention, model_io  # noqa: E402
 from opsfuse.graph_passes.verify import verify  # noqa: E402
 
 # Dynamo exports run in CI: the ONNX Attention op with a bool mask and with a mask of unproven
-# length (padded), GQA repeat-kv, T5's relative bias.
-DYNAMO_CI = {("bert", "sdpa", 23), ("gpt2", "sdpa", 23), ("llama_gqa", "eager", 18), ("t5", "sdpa", 18)}
+# length (padded), GQA repeat-kv, T5's relative bias, Gemma 2's soft-capping.
+DYNAMO_CI = {("bert", "sdpa", 23), ("gpt2", "sdpa", 23), ("llama_gqa", "eager", 18), ("t5", "sdpa", 18),
+             ("gemma2", "eager", 18)}
 ALL = os.environ.get("OPSFUSE_ALL_EXPORTS") == "1"
 
 # Input shapes for --verify style runs where the default (batch 2, dims 16) does not fit the model.
@@ -37,7 +38,7 @@ SHAPES = {"wav2vec2": {"input_values": (2, 800)}}
 VARIANTS = [
     (model, attn, exporter, opset)
     for model in export_models.SPECS
-    for attn in export_models.ATTN_MODES
+    for attn in export_models.SPECS[model].attns
     for exporter, opset in export_models.EXPORTS
     if exporter == "torchscript" or ALL or (model, attn, opset) in DYNAMO_CI
 ]
