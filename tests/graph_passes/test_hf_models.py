@@ -45,8 +45,10 @@ VARIANTS = [
 
 
 # Float16 exports (TorchScript, opset 17): eager attention softmaxes in float32 between casts;
-# the SDPA export computes Q.K^T in float16 and everything after in float32.
-HALF = [("bert", "eager"), ("llama_gqa", "eager"), ("llama_gqa", "sdpa")]
+# the SDPA export computes Q.K^T in float16 and everything after in float32. Gemma 2 soft-caps
+# its float16 scores; Mistral's sliding window, through SDPA in float16.
+HALF = [("bert", "eager"), ("llama_gqa", "eager"), ("llama_gqa", "sdpa"), ("gemma2", "eager"),
+        ("mistral_swa", "sdpa")]
 
 
 @pytest.fixture(scope="session")
