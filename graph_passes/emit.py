@@ -69,11 +69,15 @@ def squeeze0(new_nodes: list, x: ir.Value, opset: int, name: str) -> ir.Value:
 
 
 def combine_masks(new_nodes: list, terms, dtype: ir.DataType, base: str) -> ir.Value | None:
-    """One attn_mask input from the matched mask terms (see sdpa_subgraph.MaskTerm).
+    """One attn_mask input from the matched mask terms (see sdpa_subgraph.MaskTerm), applied in the
+    original order, nearest the scores first.
 
-    A single bool term stays bool. Otherwise each term becomes additive and they are summed in
-    the original order: bool -> Where(visible, 0, -inf); a Where with finite fill f ->
-    Where(cond, 0, f) (the original's value at masked keys, see sdpa_subgraph's docstring)."""
+    A single bool term stays bool. Otherwise the mask is additive: an additive term is added to what
+    came before it; a Where term replaces it at masked keys, as the original's Where replaces the
+    scores there: Where(masked, fill, so_far) with fill -inf for a bool term or the Where's finite
+    fill (the original's value at masked keys, see sdpa_subgraph's docstring). Replacing rather
+    than adding keeps two huge terms from summing to -inf: an additive finfo.min padding term under
+    a finfo.min Where gives finfo.min at a key both mask, as the original does."""
     if not terms:
         return None
     if len(terms) == 1 and terms[0].kind == "bool" and terms[0].fill is None:
@@ -84,14 +88,12 @@ def combine_masks(new_nodes: list, terms, dtype: ir.DataType, base: str) -> ir.V
     total = None
     for i, t in enumerate(terms):
         if t.kind == "add":
-            term = t.value
-        else:
-            fill = -np.inf if t.fill is None else t.fill
-            zero = constant(new_nodes, 0.0, dtype, f"{base}/mask{i}_zero")
-            neg = constant(new_nodes, fill, dtype, f"{base}/mask{i}_fill")
-            a, b = (neg, zero) if t.negate else (zero, neg)
-            term = node(new_nodes, "Where", [t.value, a, b], name=f"{base}/mask{i}_where")
-        total = term if total is None else node(new_nodes, "Add", [total, term], name=f"{base}/mask{i}_add")
+            total = t.value if total is None else node(new_nodes, "Add", [total, t.value], name=f"{base}/mask{i}_add")
+            continue
+        fill = constant(new_nodes, -np.inf if t.fill is None else t.fill, dtype, f"{base}/mask{i}_fill")
+        kept = total if total is not None else constant(new_nodes, 0.0, dtype, f"{base}/mask{i}_zero")
+        a, b = (fill, kept) if t.negate else (kept, fill)  # t.value true: masked when negated, else visible
+        total = node(new_nodes, "Where", [t.value, a, b], name=f"{base}/mask{i}_where")
     return total
 
 

@@ -351,3 +351,30 @@ def test_float16_qk_with_float32_softmax_and_v():
     producers = {o: n for n in out.graph.node for o in n.output}
     assert producers[node.input[0]].op_type == "Cast" and producers[node.input[1]].op_type == "Cast"
     assert_same_outputs(model, out, random_feeds(model), rtol=1e-2, atol=1e-2)
+
+
+def test_additive_padding_under_a_finfo_min_where_keeps_fully_masked_rows():
+    """An additive finfo.min padding term and a Where filling finfo.min on the same keys: the
+    original's Where replaces the padded scores, so a row the Where masks entirely attends
+    uniformly to every key. Summing the two terms would overflow to -inf at padded keys and
+    leave them out of that row."""
+    from attention_graphs import G
+
+    g = G(17)
+    q, k, v = (g.inp(n, F32, [2, 3, 5, D]) for n in "qkv")
+    pad = g.inp("pad", F32, [2, 1, 1, 5])
+    visible = g.inp("visible", __import__("onnx").TensorProto.BOOL, [2, 1, 5, 5])
+    s = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]), name="/attn/MatMul_qk")
+    s = g.op("Add", g.op("Mul", s, g.const(0.3)), pad)
+    s = g.op("Where", g.op("Not", visible), g.const(np.finfo(np.float32).min), s)
+    p = g.op("Softmax", s, axis=-1, name="/attn/Softmax")
+    g.op("MatMul", p, v, name="/attn/MatMul_pv")
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [2, 3, 5, D])
+    model = g.model()
+    out, _, _ = _fused_one(model)
+    feeds = random_feeds(model)
+    feeds["pad"][...] = 0.0
+    feeds["pad"][1, 0, 0, 3:] = np.finfo(np.float32).min  # batch 1 pads its last two keys
+    feeds["visible"][1, 0, 2, :] = False  # and masks row 2 entirely
+    assert_same_outputs(model, out, feeds)
