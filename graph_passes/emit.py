@@ -68,6 +68,33 @@ def squeeze0(new_nodes: list, x: ir.Value, opset: int, name: str) -> ir.Value:
     return _axes0(new_nodes, "Squeeze", x, opset, name)
 
 
+def _dims(new_nodes: list, x: ir.Value, start: int, end: int, name: str) -> ir.Value:
+    """Shape(x)[start:end] as an int64 tensor (Slice with inputs: opset >= 10)."""
+    shape = node(new_nodes, "Shape", [x], name=f"{name}_shape")
+    ints = {k: node(new_nodes, "Constant", [], {"value": ir.tensor(np.array([v], np.int64), name=f"{name}_{k}")},
+                    f"{name}_{k}") for k, v in (("start", start), ("end", end), ("axis", 0))}
+    return node(new_nodes, "Slice", [shape, ints["start"], ints["end"], ints["axis"]], name=f"{name}_dims")
+
+
+def _reshape(new_nodes: list, x: ir.Value, lead: list[int], tail: ir.Value, opset: int, name: str) -> ir.Value:
+    head = node(new_nodes, "Constant", [], {"value": ir.tensor(np.array(lead, np.int64), name=f"{name}_lead")},
+                f"{name}_lead")
+    shape = node(new_nodes, "Concat", [head, tail], {"axis": 0}, f"{name}_target")
+    # allowzero: a 0-length dim taken from Shape stays 0 instead of copying the input's dim
+    return node(new_nodes, "Reshape", [x, shape], {"allowzero": 1} if opset >= 14 else None, name)
+
+
+def split_leading(new_nodes: list, x: ir.Value, dims: tuple[int, int], opset: int, name: str) -> ir.Value:
+    """(N, A, B) -> (d0, d1, A, B): the leading axis split by the constant `dims` (one may be -1,
+    inferred from N), x's last two dims kept. Data movement only."""
+    return _reshape(new_nodes, x, list(dims), _dims(new_nodes, x, 1, 3, name), opset, name)
+
+
+def merge_leading(new_nodes: list, y: ir.Value, opset: int, name: str) -> ir.Value:
+    """(d0, d1, A, B) -> (d0 * d1, A, B), split_leading's inverse."""
+    return _reshape(new_nodes, y, [-1], _dims(new_nodes, y, 2, 4, name), opset, name)
+
+
 def combine_masks(new_nodes: list, terms, dtype: ir.DataType, base: str) -> ir.Value | None:
     """One attn_mask input from the matched mask terms (see sdpa_subgraph.MaskTerm), applied in the
     original order, nearest the scores first.

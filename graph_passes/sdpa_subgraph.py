@@ -17,6 +17,13 @@ The form every exporter produces for eager attention, and TorchScript exports of
   and ``Cast`` chains (half-precision models that run softmax in float32).
 - GQA / MQA: repeat-kv before the MatMuls is absorbed (see ``layout.py``); a K/V with one head
   broadcast by MatMul is MQA.
+- Batched matmuls on (B*H, S, D) (older exporters, DeBERTa): lifted to (1, B*H, S, D) around the
+  fused node; where the scores are viewed as (B, H, Sq, Sk) for the masks and the Softmax and back
+  as (B*H, Sq, Sk) for the P V product (DeBERTa's disentangled attention: its position terms are
+  added in the bmm frame, the padding mask in the 4-D one), Q, K, V and the bmm-frame terms are
+  reshaped to (B, H, ...) with the view's own leading dims instead, and the output back: data
+  movement only, so exact. ``Shape`` reads of the chain's values that only compute the two
+  views' target shapes go with the chain.
 - Layout: when Q, K and V are (B, S, H*D) projections split by Reshape + Transpose(0, 2, 1, 3) and
   the output is merged back by Transpose(0, 2, 1, 3) + Reshape (B, S, H*Dv), the fused node takes
   FusedAttention's 3-D form: it reads the projections, its output replaces the final Reshape's, and
@@ -68,7 +75,6 @@ from .ir_utils import (
     float_repr,
     is_default_domain,
     is_identity_perm,
-    only_consumer,
     op,
     scalar_const,
     transpose_perm,
@@ -102,6 +108,7 @@ class MaskTerm:
     scores_in: ir.Value  # that node's scores-side input
     negate: bool = False  # bool: visible = Not(value)
     fill: float | None = None  # bool from Where with a finite fill: emitted as Where(cond, 0, fill)
+    in_bmm: bool = False  # applied in the (B*H, Sq, Sk) frame, before the scores' head view
 
 
 @dataclasses.dataclass
@@ -120,6 +127,8 @@ class Match:
     post_casts: list  # Cast nodes between the Softmax and the PV MatMul
     internal: list  # values between qk and pv that must feed nothing else
     nan_guard: bool = False
+    view: ir.Node | None = None  # Reshape (B*H, Sq, Sk) -> (B, H, Sq, Sk) before the Softmax
+    unview: ir.Node | None = None  # Reshape back to (B*H, Sq, Sk) after it
 
     @property
     def where(self) -> list[str]:
@@ -136,6 +145,8 @@ class Plan:
     n_rep: int  # 1 or the absorbed repeat-kv factor
     dtype: ir.DataType
     rank3: bool = False  # bmm form (N, S, D): lifted to (1, N, S, D) around the fused node
+    view_dims: tuple[int, int] | None = None  # bmm form with a head view: (N, S, D) -> (d0, d1, S, D)
+    lift_masks: tuple = ()  # indices of bmm-frame mask terms of shape (N, ., .) to view the same way
     opset: int = 17
     upcast_qk: bool = False  # Q and K are read through Cast(to=dtype)
     three_d: ThreeD | None = None  # the 3-D form applies: read the (B, S, H*D) projections
@@ -171,7 +182,7 @@ def is_candidate(softmax: ir.Node) -> bool:
         mm = [u for u in users if u.node.op_type == "MatMul" and is_default_domain(u.node) and u.idx == 0]
         if mm:
             return True
-        nexts = [u.node for u in users if u.node.op_type in ("Cast", "Dropout", "Identity", "Where")]
+        nexts = [u.node for u in users if u.node.op_type in ("Cast", "Dropout", "Identity", "Where", "Reshape")]
         if not nexts:
             return False
         value = nexts[0].outputs[0]
@@ -230,6 +241,7 @@ class _Scores:
     masks: tuple = ()
     casts: tuple = ()
     internal: tuple = ()
+    view: ir.Node | None = None
 
 
 def _softcap_of(node: ir.Node) -> tuple[float, ir.Value] | None:
@@ -322,18 +334,29 @@ def _parse_scores(value: ir.Value, depth: int, above: frozenset) -> _Scores:
         inner = _parse_scores(scores, depth + 1, above)
         term = MaskTerm("bool", cond, node, scores, negate=negate, fill=None if math.isinf(fill) else fill)
         return dataclasses.replace(inner, masks=inner.masks + (term,), internal=inner.internal + (scores,))
+    if kind == "Reshape":
+        if "view" in above:
+            raise Reject("two Reshapes between the QK MatMul and the Softmax")
+        inner = _parse_scores(node.inputs[0], depth + 1, above | {"view"})
+        masks = tuple(dataclasses.replace(term, in_bmm=True) for term in inner.masks)
+        return dataclasses.replace(inner, view=node, masks=masks, internal=inner.internal + (node.inputs[0],))
     raise Reject(f"unsupported op {kind} ({node.name}) between the QK MatMul and the Softmax")
 
 
-def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool]:
-    """Softmax output -> [NaN guard | Cast | Dropout | Identity]* -> MatMul input 0.
-    Returns (pv MatMul, casts, internal values, nan_guard)."""
+def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool, ir.Node | None]:
+    """Softmax output -> [NaN guard | Cast | Dropout | Identity | Reshape]* -> MatMul input 0.
+    Returns (pv MatMul, casts, internal values, nan_guard, the Reshape if any). Shape nodes that
+    read a value on the way are passed over here; check() allows them only into the views'
+    target shapes."""
     value = softmax.outputs[0]
-    casts, internal, guard = [], [], False
+    casts, internal, guard, unview = [], [], False, None
     for _ in range(_MAX_DEPTH):
         if value.is_graph_output():
             raise Reject("the attention probabilities are a graph output")
         users = list(value.uses())
+        readers = [u.node for u in users if u.node.op_type == "Shape" and is_default_domain(u.node)]
+        if readers and len(readers) < len({id(u.node) for u in users}):
+            users = [u for u in users if u.node not in readers]
         nodes = {id(u.node): u.node for u in users}
         if len(nodes) == 2:
             # The NaN guard: IsNaN(p) and Where(IsNaN(p), 0, p).
@@ -349,7 +372,7 @@ def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool]:
                 continue
             raise Reject("the attention probabilities have other consumers: "
                          + ", ".join(sorted(n.name or n.op_type for n in nodes.values())))
-        node = only_consumer(value)
+        node = users[0].node if len(users) == 1 else None  # the Shape readers set aside
         if node is None:
             if not users:
                 raise Reject("the Softmax output is unused")
@@ -361,9 +384,13 @@ def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool]:
         if node.op_type == "MatMul":
             if node.inputs[0] is not value:
                 raise Reject("the probabilities are the second MatMul input (P must multiply V from the left)")
-            return node, casts, internal, guard
+            return node, casts, internal, guard, unview
         if node.op_type == "Cast":
             casts.append(node)
+        elif node.op_type == "Reshape":
+            if unview is not None:
+                raise Reject("two Reshapes between the Softmax and the MatMul with V")
+            unview = node
         elif node.op_type == "Dropout":
             if node.attributes.get_int("is_test", 1) == 0:  # opset <= 6: is_test=0 is training mode
                 raise Reject("Dropout after the Softmax runs in training mode (is_test=0)")
@@ -403,7 +430,7 @@ def _nearest_matmul(value: ir.Value, depth: int = 6) -> ir.Node | None:
 def pattern(softmax: ir.Node) -> Match:
     """The attention subgraph around `softmax`, structurally. Raises Reject with a reason."""
     try:
-        pv, post_casts, post_internal, guard = _walk_after_softmax(softmax)
+        pv, post_casts, post_internal, guard, unview = _walk_after_softmax(softmax)
     except Reject as exc:
         exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax)
         raise
@@ -420,7 +447,7 @@ def pattern(softmax: ir.Node) -> Match:
         softmax=softmax, qk=qk, pv=pv, q=q, k_base=k_base, k_perm=k_perm, v=pv.inputs[1],
         scale=scale, softcap=scores.softcap, masks=list(scores.masks), pre_casts=list(scores.casts),
         post_casts=post_casts, internal=[qk.outputs[0], *scores.internal, softmax.inputs[0], *post_internal],
-        nan_guard=guard,
+        nan_guard=guard, view=scores.view, unview=unview,
     )
 
 
@@ -443,6 +470,76 @@ def _shape_str(shapes, value) -> str:
     return "unknown" if s is None else "(" + ", ".join("?" if d is None else str(d) for d in s) + ")"
 
 
+# Ops that compute shapes: a Shape read of a chain value may feed them on its way to a view's target.
+_SHAPE_ARITHMETIC = {"Shape", "Gather", "Slice", "Squeeze", "Unsqueeze", "Concat", "Cast", "Identity", "Mul", "Div",
+                     "Add", "Sub", "Reshape", "Equal", "Where", "ConstantOfShape", "Range"}
+
+
+def _feeds_only(reader: ir.Node, views: tuple) -> bool:
+    """Whether all `reader` (a Shape of a chain value) computes ends in the target shapes of the
+    Reshapes `views` and in nothing else, so that it dies with them (remove_dead then reaches it
+    from their targets)."""
+    targets = {id(v.inputs[1]) for v in views}
+    if any(u.node not in views for v in views for u in v.inputs[1].uses()):
+        return False  # a target read elsewhere too: the reader would outlive the chain
+    work, seen = [reader], set()
+    while work:
+        n = work.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if len(seen) > 64 or not is_default_domain(n) or n.op_type not in _SHAPE_ARITHMETIC:
+            return False
+        for out in n.outputs:
+            if out.is_graph_output():
+                return False
+            if id(out) not in targets:
+                work.extend(u.node for u in out.uses())
+    return True
+
+
+def _leading_target(shape: ir.Value) -> tuple[int, ...] | None:
+    """The first two entries of a Reshape's target shape when they are constants (a constant
+    tensor, or a Concat whose first pieces are constants)."""
+    arr = const_array(shape)
+    if arr is None:
+        node = shape.producer()
+        if node is None or node.op_type != "Concat" or not is_default_domain(node):
+            return None
+        pieces = []
+        for piece in node.inputs:
+            a = const_array(piece)
+            if a is None:
+                break
+            pieces += [int(x) for x in a.reshape(-1)]
+        arr = np.array(pieces, np.int64)
+    return tuple(int(x) for x in arr.reshape(-1)[:2]) if arr.size >= 2 else None
+
+
+def _head_view(m: Match, shapes: dict, opset: int) -> tuple[int, int]:
+    """Proves that the Reshape before the Softmax views the bmm frame's (N, Sq, Sk) scores as
+    (d0, d1, Sq, Sk) and the one after it back as (N, Sq, Sk): a split of N and its inverse, data
+    movement only. Returns the view's constant leading dims (d0, d1)."""
+    if (m.view is None) != (m.unview is None):
+        raise Reject("the scores are reshaped on one side of the Softmax only")
+    if opset < 10:
+        raise Reject(f"a head view of bmm scores needs opset 10 or later to rebuild (opset {opset})")
+    s3, s4 = shapes.get(m.view.inputs[0].name), shapes.get(m.view.outputs[0].name)
+    p4, p3 = shapes.get(m.unview.inputs[0].name), shapes.get(m.unview.outputs[0].name)
+    ranks = tuple(None if s is None else len(s) for s in (s3, s4, p4, p3))
+    if ranks != (3, 4, 4, 3) or not (same_dim(s3[1], s4[2]) and same_dim(s3[2], s4[3]) and same_dim(p3[0], s3[0])
+                                     and same_dim(p3[1], s3[1]) and same_dim(p3[2], s3[2])):
+        raise Reject("cannot prove the Reshapes around the Softmax only view the (B*H, Sq, Sk) scores as "
+                     f"(B, H, Sq, Sk) and back: {_shape_str(shapes, m.view.inputs[0])} -> "
+                     f"{_shape_str(shapes, m.view.outputs[0])}, {_shape_str(shapes, m.unview.inputs[0])} -> "
+                     f"{_shape_str(shapes, m.unview.outputs[0])}")
+    dims = _leading_target(m.view.inputs[1])
+    if dims is None or 0 in dims or min(dims) < -1 or dims.count(-1) > 1:
+        raise Reject(f"the Reshape before the Softmax ({m.view.name}) does not split the batch-head axis by "
+                     "constant sizes")
+    return dims
+
+
 def check(match: Match, shapes: dict, opset: int) -> Plan:
     """Proves that the matched subgraph computes FusedAttention exactly. Raises Reject."""
     m = match
@@ -456,15 +553,22 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         if rv not in (3, 4) or rv != r:
             raise Reject(f"{name} has rank {rv}; FusedAttention needs rank-4 (B, H, S, D) tensors "
                          "(or all rank 3, the batched-matmul form)")
-    if not _softmax_axis_ok(m.softmax, r, opset):
+    view_dims = _head_view(m, shapes, opset) if m.view is not None or m.unview is not None else None
+    if view_dims is not None and r != 3:
+        raise Reject("the scores are reshaped around the Softmax, but Q is not a batched-matmul (N, S, D) tensor")
+    if not _softmax_axis_ok(m.softmax, 4 if view_dims is not None else r, opset):
         raise Reject(f"Softmax axis {m.softmax.attributes.get_int('axis', -1 if opset >= 13 else 1)} is not the "
                      f"key axis (opset {opset})")
-    # Internal values must feed only the chain.
+    # Internal values must feed only the chain (and, with a head view, Shape reads that only
+    # compute the views' targets).
+    views = (m.view, m.unview) if view_dims is not None else ()
     for value in m.internal:
         if value.is_graph_output():
             raise Reject(f"intermediate {value.name} is a graph output")
-        users = {id(u.node) for u in value.uses()}
-        if len(users) != 1 and not (m.nan_guard and len(users) == 2):
+        users = {id(u.node): u.node for u in value.uses()}
+        readers = [n for n in users.values() if views and n.op_type == "Shape" and _feeds_only(n, views)]
+        n_users = len(users) - len(readers)
+        if n_users != 1 and not (m.nan_guard and n_users == 2):
             raise Reject(f"intermediate {value.name} has other consumers")
     # dtypes
     t = dtype_of(m.q, shapes)
@@ -530,7 +634,11 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
             raise Reject(f"the Where condition {term.value.name} is {mt}, not bool")
     if r == 3:
         k = m.k_base if rank(shapes, m.k_base) == 3 and is_identity_perm(m.k_perm) else kt
-        return Plan(k=k, k_perm=SWAP_LAST, v=m.v, n_rep=1, dtype=t, rank3=True, opset=opset, upcast_qk=upcast_qk)
+        lift = ()
+        if view_dims is not None:
+            lift = tuple(i for i, term in enumerate(m.masks) if term.in_bmm and _needs_view(term, scores, shapes))
+        return Plan(k=k, k_perm=SWAP_LAST, v=m.v, n_rep=1, dtype=t, rank3=True, opset=opset, upcast_qk=upcast_qk,
+                    view_dims=view_dims, lift_masks=lift)
     # K layout and repeat-kv.
     k_perm = compose_perm(SWAP_LAST, m.k_perm)
     k, v, n_rep = m.k_base, m.v, 1
@@ -546,6 +654,18 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
                 upcast_qk=upcast_qk)
     plan.three_d, plan.three_d_why_not = _three_d(m, plan, shapes)
     return plan
+
+
+def _needs_view(term: MaskTerm, scores: ir.Value, shapes: dict) -> bool:
+    """A mask term added in the bmm frame: False when it broadcasts the same in (d0, d1, Sq, Sk)
+    (rank 2, or a leading 1), True when it has the scores' N and is viewed with them; else Reject."""
+    s, n = shapes.get(term.value.name), shapes[scores.name][0]
+    if s is not None and (len(s) == 2 or (len(s) == 3 and s[0] == 1)):
+        return False
+    if s is not None and len(s) == 3 and same_dim(s[0], n):
+        return True
+    raise Reject(f"mask term {term.value.name} {_shape_str(shapes, term.value)} cannot be placed in the "
+                 "(B, H, Sq, Sk) view of the scores")
 
 
 def _three_d(m: Match, plan: Plan, shapes: dict) -> tuple[ThreeD | None, str]:
@@ -597,11 +717,18 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
     if plan.upcast_qk:
         q = emit.node(new_nodes, "Cast", [q], {"to": int(plan.dtype)}, f"{base}/Q_cast")
         k = emit.node(new_nodes, "Cast", [k], {"to": int(plan.dtype)}, f"{base}/K_cast")
-    if plan.rank3:
+    masks = list(m.masks)
+    if plan.view_dims is not None:
+        q, k, v = (emit.split_leading(new_nodes, x, plan.view_dims, plan.opset, f"{base}/{n}_heads")
+                   for x, n in ((q, "Q"), (k, "K"), (v, "V")))
+        for i in plan.lift_masks:
+            viewed = emit.split_leading(new_nodes, masks[i].value, plan.view_dims, plan.opset, f"{base}/mask{i}_heads")
+            masks[i] = dataclasses.replace(masks[i], value=viewed)
+    elif plan.rank3:
         q, k, v = (emit.unsqueeze0(new_nodes, x, plan.opset, f"{base}/{n}_lift") for x, n in ((q, "Q"), (k, "K"), (v, "V")))
     if plan.k_perm is not None and three is None:
         k = emit.node(new_nodes, "Transpose", [k], {"perm": list(plan.k_perm)}, f"{base}/K_transpose")
-    mask = emit.combine_masks(new_nodes, m.masks, plan.dtype, base)
+    mask = emit.combine_masks(new_nodes, masks, plan.dtype, base)
     # The 3-D form's output replaces the final Reshape's: the Transpose and Reshape after the
     # attention, and those that split Q, K and V, become dead (with their shape arithmetic).
     y_old = three.out_reshape.outputs[0] if three is not None else m.pv.outputs[0]
@@ -611,7 +738,9 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
         heads=(three.q_heads, three.kv_heads) if three is not None else None,
     )
     y = fused.outputs[0]
-    if plan.rank3:
+    if plan.view_dims is not None:
+        y = emit.merge_leading(new_nodes, y, plan.opset, f"{base}/Y_merge")
+    elif plan.rank3:
         y = emit.squeeze0(new_nodes, y, plan.opset, f"{base}/Y_unlift")
     graph.insert_before(m.pv, new_nodes)
     emit.replace_output(graph, y_old, y)
@@ -630,6 +759,7 @@ def details(match: Match, plan: Plan) -> dict:
         "gqa_repeat_absorbed": plan.n_rep if plan.n_rep > 1 else 0,
         "nan_guard": match.nan_guard,
         "batched_matmul_3d": plan.rank3,
+        "bmm_head_view": plan.view_dims is not None,
         "qk_widened_to": str(plan.dtype) if plan.upcast_qk else "",
         "three_d": plan.three_d is not None,
         "three_d_why_not": "" if plan.three_d is not None or plan.rank3 else plan.three_d_why_not,

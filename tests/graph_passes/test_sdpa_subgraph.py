@@ -314,7 +314,11 @@ def _custom_graph(kind):
     ("dropout_training", "training mode"),
 ])
 def test_unprovable_candidates_are_left_with_reason(kind, reason):
-    out, report = fuse(_custom_graph(kind))
+    _left_with_reason(_custom_graph(kind), reason)
+
+
+def _left_with_reason(model, reason):
+    out, report = fuse(model)
     assert report.found == 1 and report.fused == 0, report.format()
     assert reason in report.left[0].reason
     assert not fused_nodes(out)
@@ -353,6 +357,69 @@ def test_float16_qk_with_float32_softmax_and_v():
     assert_same_outputs(model, out, random_feeds(model), rtol=1e-2, atol=1e-2)
 
 
+def _head_view_graph(kind="deberta", B=2, H=3, S=5, Sk=6):
+    """DeBERTa's form: scores as bmm on (B*H, S, D) plus a position term in that frame, viewed as
+    (B, H, S, Sk) for the padding mask and the Softmax, back to (B*H, S, Sk) for P V; the view
+    targets computed from Shape reads of the chain, as TorchScript exports them."""
+    from attention_graphs import G
+
+    g = G(17)
+    n = B * H
+    q = g.inp("q", F32, [n, S, D])
+    k, v = g.inp("k", F32, [n, Sk, D]), g.inp("v", F32, [n, Sk, D])
+    rel = g.inp("rel", F32, [n, S, Sk])
+    pad = g.inp("pad", F32, [B, 1, 1, Sk]) if kind == "pad_add" else None
+    visible = g.inp("visible", __import__("onnx").TensorProto.BOOL, [B, 1, S, Sk])
+    s = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 2, 1]), name="/attn/MatMul_qk")
+    s = g.op("Add", g.op("Mul", s, g.const(0.3)), rel)
+
+    def tail_dims(x, start, end):
+        return g.op("Slice", g.op("Shape", x), g.const([start], np.int64), g.const([end], np.int64),
+                    g.const([0], np.int64))
+
+    lead = [-1, H] if kind != "variable_lead" else None
+    if kind == "variable_lead":  # (B, -1): B read from an input, not a constant
+        target = g.op("Concat", g.op("Slice", g.op("Shape", visible), g.const([0], np.int64), g.const([1], np.int64),
+                                     g.const([0], np.int64)), g.const([-1], np.int64), tail_dims(s, 1, 3), axis=0)
+    elif kind == "bad_view":  # folds Sk into the heads: not a view of the bmm scores
+        target = g.const([B, H * Sk, S, 1], np.int64)
+    else:
+        target = g.op("Concat", g.const(lead, np.int64), tail_dims(s, 1, 3), axis=0)
+    s4 = g.op("Reshape", s, target, name="/attn/Reshape_view")
+    if kind == "pad_add":
+        s4 = g.op("Add", s4, pad)
+    s4 = g.op("Where", g.op("Not", visible), g.const(np.finfo(np.float32).min), s4)
+    p = g.op("Softmax", s4, axis=-1, name="/attn/Softmax")
+    p3 = g.op("Reshape", p, g.op("Concat", g.const([-1], np.int64), tail_dims(p, 2, 4), axis=0),
+              name="/attn/Reshape_unview")
+    g.op("MatMul", p3, v, name="/attn/MatMul_pv")
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [n, S, D])
+    return g.model()
+
+
+@pytest.mark.parametrize("kind", ["deberta", "pad_add"])
+def test_bmm_scores_viewed_as_heads_around_the_softmax(kind):
+    """DeBERTa: the position term in the bmm frame, the masks in the (B, H, S, Sk) view."""
+    model = _head_view_graph(kind)
+    out, node, report = _fused_one(model)
+    details = report.candidates[0].details
+    assert details["batched_matmul_3d"] is True and details["bmm_head_view"] is True
+    assert attrs(node)["scale"] == pytest.approx(0.3)
+    assert not [n for n in out.graph.node if n.op_type == "Shape" and n.input[0].startswith("softmax")]
+    feeds = random_feeds(model)
+    feeds["visible"][1, 0, 2, :] = False  # a fully masked row (finfo.min fill: uniform attention)
+    assert_same_outputs(model, out, feeds)
+
+
+@pytest.mark.parametrize("kind,reason", [
+    ("variable_lead", "does not split the batch-head axis by constant sizes"),
+    ("bad_view", "only view the (B*H, Sq, Sk) scores"),
+])
+def test_head_views_that_are_not_provable_are_left(kind, reason):
+    _left_with_reason(_head_view_graph(kind), reason)
+
+
 def test_additive_padding_under_a_finfo_min_where_keeps_fully_masked_rows():
     """An additive finfo.min padding term and a Where filling finfo.min on the same keys: the
     original's Where replaces the padded scores, so a row the Where masks entirely attends
@@ -378,3 +445,17 @@ def test_additive_padding_under_a_finfo_min_where_keeps_fully_masked_rows():
     feeds["pad"][1, 0, 0, 3:] = np.finfo(np.float32).min  # batch 1 pads its last two keys
     feeds["visible"][1, 0, 2, :] = False  # and masks row 2 entirely
     assert_same_outputs(model, out, feeds)
+
+
+def test_a_reshape_on_one_side_of_the_softmax_is_left():
+    from attention_graphs import G
+
+    g = G(17)
+    q, k, v = (g.inp(n, F32, [6, 5, D]) for n in "qkv")
+    s = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 2, 1]), name="/attn/MatMul_qk")
+    p = g.op("Softmax", s, axis=-1, name="/attn/Softmax")
+    p = g.op("Reshape", p, g.const([6, 5, 5], np.int64))
+    g.op("MatMul", p, v, name="/attn/MatMul_pv")
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [6, 5, D])
+    _left_with_reason(g.model(), "reshaped on one side of the Softmax only")
