@@ -244,6 +244,20 @@ def _clip_text(attn):
     return _text_model(tf.CLIPTextModel(cfg).eval())
 
 
+def _deberta_v3(attn):
+    import transformers as tf
+
+    # DeBERTa-v3's disentangled attention: content-to-position and position-to-content terms added
+    # to the scores in the batched-matmul frame (B*H, S, S), the padding mask after a view as
+    # (B, H, S, S); transformers offers it eager attention only.
+    cfg = tf.DebertaV2Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=64, max_position_embeddings=64, relative_attention=True,
+                             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=-1,
+                             norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False,
+                             attn_implementation=attn)
+    return _text_model(tf.DebertaV2Model(cfg).eval())
+
+
 def _falcon_mqa(attn):
     import transformers as tf
 
@@ -275,6 +289,8 @@ SPECS = {
         Spec("distilbert", _distilbert, 2, "DistilBERT encoder, padding mask"),
         Spec("clip_text", _clip_text, 2, "CLIP text encoder, causal + padding mask"),
         Spec("falcon_mqa", _falcon_mqa, 2, "Falcon-7B-style decoder, multi-query (1 kv head)"),
+        Spec("deberta_v3", _deberta_v3, 2, "DeBERTa-v3 encoder: disentangled (relative position) attention",
+             attns=("eager",)),
     )
 }
 
