@@ -361,6 +361,52 @@ def export_default(path: str | os.PathLike = DEFAULT_MODEL) -> Path:
     return Path(path)
 
 
+def export_llama_decode_step(path: str | os.PathLike, attn: str = "eager", layers: int = 2) -> Path:
+    """One step of cached decoding, TorchScript exporter, opset 17: LLaMA (4 query / 2 key-value
+    heads, D = 8) taking `ids` (B, S), `mask` (B, P + S) and each layer's past keys and values
+    `past_2i`, `past_2i+1` (B, 2, P, 8), which it wraps in a DynamicCache; it returns the hidden
+    state and the present keys and values (`present_*`). Each layer's K and V are the Concat of
+    past and new."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                         attn_implementation=attn)
+    model = tf.LlamaModel(cfg).eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, mask, *past):
+            cache = tf.DynamicCache(config=cfg)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+            present = [t for layer in out.past_key_values.layers[:layers] for t in (layer.keys, layer.values)]
+            return (out.last_hidden_state, *present)
+
+    batch, past_len, step = 2, 7, 1
+    ids = torch.randint(0, 100, (batch, step))
+    mask = torch.ones(batch, past_len + step, dtype=torch.int64)
+    past = [torch.randn(batch, 2, past_len, 8) for _ in range(2 * layers)]
+    names = ["ids", "mask"] + [f"past_{j}" for j in range(2 * layers)]
+    dyn = {"ids": {0: "batch", 1: "step"}, "mask": {0: "batch", 1: "total"},
+           **{f"past_{j}": {0: "batch", 2: "past"} for j in range(2 * layers)}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Step(), (ids, mask, *past), str(path), input_names=names,
+                          output_names=["out"] + [f"present_{j}" for j in range(2 * layers)],
+                          dynamic_axes=dyn, opset_version=17, dynamo=False)
+    return path
+
+
 def export_bert_large(path: str | os.PathLike, seq: int = 128) -> Path:
     """The rewrite benchmark's model: BERT-large sized (24 layers, hidden 1024, 16 heads, random
     weights, ~1.3 GB), TorchScript exporter, opset 17, weights in ``<path>.data``."""

@@ -124,3 +124,41 @@ def _check_variant(src, tmp_path, model):
         except Exception as exc:
             pytest.skip(f"the original model does not run in ONNX Runtime: {str(exc).splitlines()[0][:200]}")
     assert result.ok, result.format()
+
+
+@pytest.mark.parametrize("attn,steps", [("eager", [(2, 7, 1), (3, 12, 1), (2, 5, 4), (1, 0, 6)]),
+                                        ("sdpa", [(2, 7, 1), (3, 12, 1)])])  # its export runs at S = 1 only
+def test_cached_decoding_step(tmp_path, attn, steps):
+    """A decoding step whose K and V concatenate a KV cache (GQA): every layer fused, and the
+    outputs (hidden state and present keys / values) kept for (batch, past, step) sizes that agree
+    with each other (the mask is past + step long)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from opsfuse import LibraryNotBuiltError, get_library_path
+
+    try:
+        src = export_models.export_llama_decode_step(tmp_path / "step.onnx", attn)
+    except Exception as exc:  # an exporter limitation, not ours
+        pytest.skip(f"torch.onnx could not export the decoding step: {type(exc).__name__}: {str(exc)[:200]}")
+    rewritten, report = fuse_attention(model_io.load(src))
+    assert report.found == 2 and report.fused == 2, report.format()
+    model_io.validate(rewritten)
+    dst = tmp_path / "step.fused.onnx"
+    model_io.save(rewritten, dst)
+    try:
+        library = get_library_path()
+    except LibraryNotBuiltError as exc:
+        pytest.skip(f"structure checked; numerics need the opsfuse ORT library: {exc}")
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library)
+    original = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    fused = ort.InferenceSession(str(dst), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for batch, past, step in steps:
+        feeds = {"ids": rng.integers(0, 100, (batch, step)), "mask": np.ones((batch, past + step), np.int64)}
+        if batch > 1 and past > 2:
+            feeds["mask"][1, :2] = 0  # a left-padded row
+        feeds.update({f"past_{j}": rng.standard_normal((batch, 2, past, 8)).astype(np.float32) for j in range(4)})
+        for a, b in zip(original.run(None, feeds), fused.run(None, feeds)):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
