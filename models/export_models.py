@@ -407,6 +407,51 @@ def export_llama_decode_step(path: str | os.PathLike, attn: str = "eager", layer
     return path
 
 
+def export_torch_encoder(path: str | os.PathLike, exporter: str = "dynamo", padding_mask: bool = True) -> Path:
+    """PyTorch's own attention: a 2-layer torch.nn.TransformerEncoder (d_model 32, 4 heads,
+    batch_first) taking `x` (B, S, 32) and `pad` (B, S, int64, 0 = padding) as its
+    src_key_padding_mask; dynamo exporter at opset 18 or TorchScript at 17 (with the fused fast
+    path off, which TorchScript cannot export)."""
+    import torch
+
+    torch.manual_seed(0)
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+        def forward(self, x, pad):
+            return self.encoder(x, src_key_padding_mask=(pad == 0) if padding_mask else None)
+
+    module = Encoder().eval()
+    x = torch.randn(2, 16, 32)
+    pad = torch.ones(2, 16, dtype=torch.int64)
+    pad[1, 12:] = 0
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    try:
+        torch.backends.mha.set_fastpath_enabled(False)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+            warnings.simplefilter("ignore")
+            if exporter == "torchscript":
+                torch.onnx.export(module, (x, pad), str(path), input_names=["x", "pad"], output_names=["out"],
+                                  dynamic_axes={"x": {0: "batch", 1: "seq"}, "pad": {0: "batch", 1: "seq"}},
+                                  opset_version=17, dynamo=False)
+            else:
+                dim = torch.export.Dim.AUTO
+                prog = torch.onnx.export(module, (x, pad), input_names=["x", "pad"], output_names=["out"],
+                                         dynamic_shapes=({0: dim, 1: dim}, {0: dim, 1: dim}), opset_version=18,
+                                         dynamo=True)
+                prog.save(str(path))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    return path
+
+
 def export_bert_large(path: str | os.PathLike, seq: int = 128) -> Path:
     """The rewrite benchmark's model: BERT-large sized (24 layers, hidden 1024, 16 heads, random
     weights, ~1.3 GB), TorchScript exporter, opset 17, weights in ``<path>.data``."""
