@@ -107,6 +107,55 @@ def _light_proto(model: ir.Model) -> onnx.ModelProto:
     return mp
 
 
+# Integer ops whose constant-only instances are folded before the inference (TorchScript computes
+# shape pieces as e.g. Mod(-1, 3) + 1, which the symbolic inference does not evaluate, and loses
+# every shape downstream of the Reshape they feed).
+_FOLDABLE = {"Mod", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Min", "Max", "Reshape", "Unsqueeze", "Squeeze",
+             "Concat", "Gather", "Cast", "Slice", "Range", "Equal", "Less", "Greater", "Not", "Where", "Identity"}
+_FOLD_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL}
+
+
+def _fold_integer_constants(proto: onnx.ModelProto) -> int:
+    """Replaces, in place, each node of _FOLDABLE whose inputs are all small constants and whose
+    outputs are integer or bool tensors by Constant nodes of its values; returns how many."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    graph = proto.graph
+    inputs = {x.name for x in graph.input}  # overridable at run time: not constants
+    known = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in inputs}
+    folded = 0
+    nodes = list(graph.node)
+    del graph.node[:]
+    for node in nodes:
+        if node.op_type == "Constant" and not node.domain:
+            attr = next((a for a in node.attribute if a.name == "value"), None)
+            if attr is not None:
+                known[node.output[0]] = numpy_helper.to_array(attr.t)
+        elif (not node.domain and node.op_type in _FOLDABLE and len(node.output) == 1
+              and all(not i or i in known for i in node.input)):
+            try:
+                args = [onnx.helper.make_tensor_value_info(i, onnx.helper.np_dtype_to_tensor_dtype(known[i].dtype),
+                                                           known[i].shape) for i in node.input if i]
+                sub = onnx.helper.make_model(
+                    onnx.helper.make_graph([node], "fold", args,
+                                           [onnx.helper.make_tensor_value_info(node.output[0], 0, None)]),
+                    opset_imports=list(proto.opset_import))
+                value = ReferenceEvaluator(sub).run(None, {i: known[i] for i in node.input if i})[0]
+            except Exception:  # anything the reference cannot evaluate stays as it is
+                value = None
+            if (value is not None and value.size <= _INLINE_LIMIT
+                    and onnx.helper.np_dtype_to_tensor_dtype(value.dtype) in _FOLD_TYPES):
+                known[node.output[0]] = value
+                graph.node.append(onnx.helper.make_node(
+                    "Constant", [], [node.output[0]], name=node.name,
+                    value=numpy_helper.from_array(value, node.output[0])))
+                folded += 1
+                continue
+        graph.node.append(node)
+    return folded
+
+
 class ShapeMap(dict):
     """{value name: shape}, plus ``dtypes``: {value name: ir.DataType} from the same inference."""
 
@@ -155,6 +204,10 @@ def infer_shapes(model: ir.Model) -> ShapeMap:
         elif value.const_value is not None:
             shapes.dtypes[value.name] = value.const_value.dtype
     light = _light_proto(model)
+    try:
+        _fold_integer_constants(light)
+    except Exception as exc:  # folding is only a help to the inference
+        log.debug("constant folding before shape inference failed: %s", exc)
     inferred = None
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference

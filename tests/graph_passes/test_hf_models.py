@@ -164,24 +164,17 @@ def test_cached_decoding_step(tmp_path, attn, steps):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("exporter,padding_mask,fused", [
-    ("dynamo", True, 2),
-    ("torchscript", False, 2),
-    # A known gap: shape inference loses the TorchScript padding mask's row dimension (reshaped to
-    # (B*H, 1, S) and viewed back with a -1), so the rule cannot prove it broadcasts the scores no
-    # further, and leaves both layers with that reason.
-    ("torchscript", True, 0),
-])
-def test_torch_transformer_encoder(tmp_path, exporter, padding_mask, fused):
+@pytest.mark.parametrize("exporter,padding_mask", [("dynamo", True), ("torchscript", False), ("torchscript", True)])
+def test_torch_transformer_encoder(tmp_path, exporter, padding_mask):
+    """PyTorch's own encoder. Its TorchScript padding mask reaches the scores through a Reshape
+    whose target TorchScript computes with Mod / Add of constants: the shape inference sees it
+    only because those are folded first (shape_info._fold_integer_constants)."""
     try:
         src = export_models.export_torch_encoder(tmp_path / "enc.onnx", exporter, padding_mask)
     except Exception as exc:  # an exporter limitation, not ours
         pytest.skip(f"torch.onnx could not export the encoder: {type(exc).__name__}: {str(exc)[:200]}")
     rewritten, report = fuse_attention(model_io.load(src))
-    assert report.found == 2 and report.fused == fused, report.format()
-    if not fused:
-        assert all("does not broadcast the scores to a larger shape" in c.reason for c in report.left)
-        return
+    assert report.found == 2 and report.fused == 2, report.format()
     model_io.validate(rewritten)
     dst = tmp_path / "enc.fused.onnx"
     model_io.save(rewritten, dst)
