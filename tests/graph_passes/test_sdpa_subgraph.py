@@ -459,3 +459,23 @@ def test_a_reshape_on_one_side_of_the_softmax_is_left():
     g.nodes[-1].output[0] = "y"
     g.out("y", F32, [6, 5, D])
     _left_with_reason(g.model(), "reshaped on one side of the Softmax only")
+
+
+def test_shape_inference_sees_through_integer_constant_arithmetic():
+    """TorchScript computes reshape targets with Mod / Add of constants; the shape pass folds them
+    so that the shapes after such a Reshape stay known (here: x (b, 6) -> (b, 2, 3))."""
+    import onnx_ir as ir
+    from attention_graphs import G
+
+    from opsfuse.graph_passes.shape_info import infer_shapes
+
+    g = G(17)
+    x = g.inp("x", F32, ["b", 6])
+    axis = g.op("Add", g.op("Mod", g.constant_node(-1, np.int64), g.constant_node(2, np.int64)),
+                g.constant_node(1, np.int64))  # (-1 % 2) + 1 = 2
+    batch = g.op("Slice", g.op("Shape", x), g.const([0], np.int64), g.const([1], np.int64), g.const([0], np.int64))
+    target = g.op("Concat", batch, g.op("Unsqueeze", axis, g.const([0], np.int64)), g.const([3], np.int64), axis=0)
+    y = g.op("Reshape", x, target)
+    g.out(y, F32)
+    shapes = infer_shapes(ir.serde.deserialize_model(g.model()))
+    assert shapes[y] == ("b", 2, 3)
