@@ -498,22 +498,30 @@ def _feeds_only(reader: ir.Node, views: tuple) -> bool:
     return True
 
 
-def _leading_target(shape: ir.Value) -> tuple[int, ...] | None:
-    """The first two entries of a Reshape's target shape when they are constants (a constant
-    tensor, or a Concat whose first pieces are constants)."""
+def _leading_target(shape: ir.Value, shapes: dict) -> tuple[int | None, int | None]:
+    """The first two entries of a Reshape's target shape, each an int where it is a constant (in a
+    constant tensor, or a constant piece of a Concat), else None."""
     arr = const_array(shape)
-    if arr is None:
-        node = shape.producer()
-        if node is None or node.op_type != "Concat" or not is_default_domain(node):
-            return None
-        pieces = []
-        for piece in node.inputs:
-            a = const_array(piece)
-            if a is None:
+    if arr is not None:
+        flat = [int(x) for x in arr.reshape(-1)]
+        return (flat + [None, None])[0], (flat + [None, None])[1]
+    node = shape.producer()
+    if node is None or node.op_type != "Concat" or not is_default_domain(node):
+        return None, None
+    entries: list[int | None] = []
+    for piece in node.inputs:
+        a = const_array(piece)
+        if a is not None:
+            entries += [int(x) for x in a.reshape(-1)]
+        else:  # a computed piece: its entries are unknown, and so is what follows unless its length is known
+            s = shapes.get(piece.name)
+            if s is None or len(s) != 1 or not isinstance(s[0], int):
                 break
-            pieces += [int(x) for x in a.reshape(-1)]
-        arr = np.array(pieces, np.int64)
-    return tuple(int(x) for x in arr.reshape(-1)[:2]) if arr.size >= 2 else None
+            entries += [None] * s[0]
+        if len(entries) >= 2:
+            break
+    entries += [None, None]
+    return entries[0], entries[1]
 
 
 def _head_view(m: Match, shapes: dict, opset: int) -> tuple[int, int]:
@@ -533,11 +541,17 @@ def _head_view(m: Match, shapes: dict, opset: int) -> tuple[int, int]:
                      f"(B, H, Sq, Sk) and back: {_shape_str(shapes, m.view.inputs[0])} -> "
                      f"{_shape_str(shapes, m.view.outputs[0])}, {_shape_str(shapes, m.unview.inputs[0])} -> "
                      f"{_shape_str(shapes, m.unview.outputs[0])}")
-    dims = _leading_target(m.view.inputs[1])
-    if dims is None or 0 in dims or min(dims) < -1 or dims.count(-1) > 1:
-        raise Reject(f"the Reshape before the Softmax ({m.view.name}) does not split the batch-head axis by "
-                     "constant sizes")
-    return dims
+    # With the last two dims proven, d0 * d1 = N: one constant positive entry fixes the split
+    # (BLOOM's view target is (B, H, Sq, -1) with B read from a shape).
+    t0, t1 = _leading_target(m.view.inputs[1], shapes)
+    if t0 is not None and t1 is not None and t0 > 0 and t1 > 0:
+        return t0, t1
+    if t1 is not None and t1 > 0 and (t0 is None or t0 == -1):
+        return -1, t1
+    if t0 is not None and t0 > 0 and (t1 is None or t1 == -1):
+        return t0, -1
+    raise Reject(f"the Reshape before the Softmax ({m.view.name}) does not split the batch-head axis by "
+                 "constant sizes")
 
 
 def check(match: Match, shapes: dict, opset: int) -> Plan:

@@ -377,14 +377,15 @@ def _head_view_graph(kind="deberta", B=2, H=3, S=5, Sk=6):
         return g.op("Slice", g.op("Shape", x), g.const([start], np.int64), g.const([end], np.int64),
                     g.const([0], np.int64))
 
-    lead = [-1, H] if kind != "variable_lead" else None
-    if kind == "variable_lead":  # (B, -1): B read from an input, not a constant
-        target = g.op("Concat", g.op("Slice", g.op("Shape", visible), g.const([0], np.int64), g.const([1], np.int64),
-                                     g.const([0], np.int64)), g.const([-1], np.int64), tail_dims(s, 1, 3), axis=0)
+    if kind in ("variable_lead", "computed_batch"):  # B read from a shape, then -1 or BLOOM's constant H
+        batch = g.op("Slice", g.op("Shape", visible), g.const([0], np.int64), g.const([1], np.int64),
+                     g.const([0], np.int64))
+        heads = g.const([-1 if kind == "variable_lead" else H], np.int64)
+        target = g.op("Concat", batch, heads, tail_dims(s, 1, 3), axis=0)
     elif kind == "bad_view":  # folds Sk into the heads: not a view of the bmm scores
         target = g.const([B, H * Sk, S, 1], np.int64)
     else:
-        target = g.op("Concat", g.const(lead, np.int64), tail_dims(s, 1, 3), axis=0)
+        target = g.op("Concat", g.const([-1, H], np.int64), tail_dims(s, 1, 3), axis=0)
     s4 = g.op("Reshape", s, target, name="/attn/Reshape_view")
     if kind == "pad_add":
         s4 = g.op("Add", s4, pad)
@@ -398,9 +399,10 @@ def _head_view_graph(kind="deberta", B=2, H=3, S=5, Sk=6):
     return g.model()
 
 
-@pytest.mark.parametrize("kind", ["deberta", "pad_add"])
+@pytest.mark.parametrize("kind", ["deberta", "pad_add", "computed_batch"])
 def test_bmm_scores_viewed_as_heads_around_the_softmax(kind):
-    """DeBERTa: the position term in the bmm frame, the masks in the (B, H, S, Sk) view."""
+    """DeBERTa / BLOOM: a position term (or ALiBi) in the bmm frame, the masks in the (B, H, S, Sk)
+    view."""
     model = _head_view_graph(kind)
     out, node, report = _fused_one(model)
     details = report.candidates[0].details
