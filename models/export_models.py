@@ -131,7 +131,11 @@ def _t5(attn):
     cfg = tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
                       num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
                       use_cache=False, decoder_start_token_id=0, attn_implementation=attn)
-    model = tf.T5Model(cfg).eval()
+    return _encoder_decoder(tf.T5Model(cfg).eval())
+
+
+def _encoder_decoder(model):
+    """An encoder-decoder `model` on a padded source batch and an 8-token target."""
     ids, mask = _text_inputs()
     dec_ids, _ = _text_inputs(seq=8, padded=False)
     names = ["input_ids", "attention_mask", "decoder_input_ids"]
@@ -258,6 +262,72 @@ def _deberta_v3(attn):
     return _text_model(tf.DebertaV2Model(cfg).eval())
 
 
+def _bloom_alibi(attn):
+    import transformers as tf
+
+    # BLOOM: ALiBi biases added by baddbmm in the (B*H, S, S) frame, then a view as (B, H, S, S)
+    # whose batch size is read from a shape; eager attention only.
+    cfg = tf.BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=4, use_cache=False,
+                         attn_implementation=attn)
+    return _text_model(tf.BloomModel(cfg).eval())
+
+
+def _gpt_bigcode_mqa(attn):
+    import transformers as tf
+
+    cfg = tf.GPTBigCodeConfig(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, multi_query=True,
+                              use_cache=False, attn_implementation=attn)
+    return _text_model(tf.GPTBigCodeModel(cfg).eval())
+
+
+def _gptj(attn):
+    import transformers as tf
+
+    cfg = tf.GPTJConfig(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4,
+                        use_cache=False, attn_implementation=attn)
+    return _text_model(tf.GPTJModel(cfg).eval())
+
+
+def _albert(attn):
+    import transformers as tf
+
+    cfg = tf.AlbertConfig(vocab_size=100, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                          attn_implementation=attn)
+    return _text_model(tf.AlbertModel(cfg, add_pooling_layer=False).eval())
+
+
+def _electra(attn):
+    import transformers as tf
+
+    cfg = tf.ElectraConfig(vocab_size=100, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                           attn_implementation=attn)
+    return _text_model(tf.ElectraModel(cfg).eval())
+
+
+def _marian(attn):
+    import transformers as tf
+
+    cfg = tf.MarianConfig(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                          max_position_embeddings=64, pad_token_id=0, decoder_start_token_id=0, use_cache=False,
+                          attn_implementation=attn)
+    return _encoder_decoder(tf.MarianModel(cfg).eval())
+
+
+def _dinov2(attn):
+    import torch
+    import transformers as tf
+
+    cfg = tf.Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          mlp_ratio=2, attn_implementation=attn)
+    model = tf.Dinov2Model(cfg).eval()
+    pix = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return _wrap(model, ["pixel_values"], lambda o: o.last_hidden_state), {"pixel_values": pix}, {
+        "pixel_values": {0: "batch"}}
+
+
 def _falcon_mqa(attn):
     import transformers as tf
 
@@ -291,6 +361,14 @@ SPECS = {
         Spec("falcon_mqa", _falcon_mqa, 2, "Falcon-7B-style decoder, multi-query (1 kv head)"),
         Spec("deberta_v3", _deberta_v3, 2, "DeBERTa-v3 encoder: disentangled (relative position) attention",
              attns=("eager",)),
+        Spec("bloom_alibi", _bloom_alibi, 2, "BLOOM decoder: ALiBi biases in the batched-matmul frame",
+             attns=("eager",)),
+        Spec("gpt_bigcode_mqa", _gpt_bigcode_mqa, 2, "GPT-BigCode (StarCoder) decoder, multi-query"),
+        Spec("gptj", _gptj, 2, "GPT-J decoder, partial rotary"),
+        Spec("albert", _albert, 2, "ALBERT encoder, shared layers, padding mask"),
+        Spec("electra", _electra, 2, "ELECTRA encoder, padding mask"),
+        Spec("marian", _marian, 6, "Marian encoder-decoder: causal, cross attention"),
+        Spec("dinov2", _dinov2, 2, "DINOv2 image encoder"),
     )
 }
 
