@@ -316,16 +316,59 @@ def _marian(attn):
     return _encoder_decoder(tf.MarianModel(cfg).eval())
 
 
-def _dinov2(attn):
+def _image_model(model):
+    """`model` (a transformers vision module returning last_hidden_state) on two 32x32 images."""
     import torch
+
+    pix = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return _wrap(model, ["pixel_values"], lambda o: o.last_hidden_state), {"pixel_values": pix}, {
+        "pixel_values": {0: "batch"}}
+
+
+def _dinov2(attn):
     import transformers as tf
 
     cfg = tf.Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                           mlp_ratio=2, attn_implementation=attn)
-    model = tf.Dinov2Model(cfg).eval()
-    pix = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    return _wrap(model, ["pixel_values"], lambda o: o.last_hidden_state), {"pixel_values": pix}, {
-        "pixel_values": {0: "batch"}}
+    return _image_model(tf.Dinov2Model(cfg).eval())
+
+
+def _beit(attn):
+    import transformers as tf
+
+    # BEiT: a learned relative position bias added to every layer's scores
+    cfg = tf.BeitConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, use_relative_position_bias=True, attn_implementation=attn)
+    return _image_model(tf.BeitModel(cfg, add_pooling_layer=False).eval())
+
+
+def _swin(attn):
+    import transformers as tf
+
+    # Swin: attention inside 4x4 windows with a relative position bias; the second block's shifted
+    # windows add a mask (one stage of two blocks, 2 heads)
+    cfg = tf.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2], num_heads=[2], window_size=4,
+                        attn_implementation=attn)
+    return _image_model(tf.SwinModel(cfg, add_pooling_layer=False).eval())
+
+
+def _qwen3(attn):
+    import transformers as tf
+
+    # Qwen3: RMS norms on Q and K per head before the rotary embedding, GQA
+    cfg = tf.Qwen3Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64,
+                         use_cache=False, attn_implementation=attn)
+    return _text_model(tf.Qwen3Model(cfg).eval())
+
+
+def _gemma3_text(attn):
+    import transformers as tf
+
+    cfg = tf.Gemma3TextConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64,
+                              sliding_window=8, use_cache=False, attn_implementation=attn)
+    return _text_model(tf.Gemma3TextModel(cfg).eval())
 
 
 def _falcon_mqa(attn):
@@ -369,6 +412,10 @@ SPECS = {
         Spec("electra", _electra, 2, "ELECTRA encoder, padding mask"),
         Spec("marian", _marian, 6, "Marian encoder-decoder: causal, cross attention"),
         Spec("dinov2", _dinov2, 2, "DINOv2 image encoder"),
+        Spec("beit", _beit, 2, "BEiT image encoder, relative position bias"),
+        Spec("swin", _swin, 2, "Swin image encoder: window attention, relative position bias, shifted-window mask"),
+        Spec("qwen3", _qwen3, 2, "Qwen3 decoder: Q / K norms, GQA 4 / 2"),
+        Spec("gemma3_text", _gemma3_text, 2, "Gemma 3 text decoder: local sliding window and global layers, GQA"),
     )
 }
 

@@ -54,7 +54,8 @@ def test_every_launch_names_a_stream_and_is_checked():
             launches += 1
             where = f"{path.relative_to(PLUGIN)}:{code.count(chr(10), 0, m.start()) + 1}"
             config = [c.strip() for c in re.split(r",(?![^(]*\))", m.group(1))]
-            assert len(config) == 4 and config[3] == "stream", f"{where}: launch without the runtime's stream: <<<{m.group(1)}>>>"
+            assert len(config) == 4 and config[3] == "stream", (
+                f"{where}: launch without the runtime's stream: <<<{m.group(1)}>>>")
             after = code[m.end():m.end() + 400]
             assert "cudaGetLastError()" in after, f"{where}: launch not followed by cudaGetLastError()"
         for m in re.finditer(r"cudaLaunchKernelEx\s*\(", code):
