@@ -174,148 +174,6 @@ def _whisper_encoder(attn):
         "input_features": {0: "batch"}}
 
 
-# Families that only take _text_model's inputs: the config, and the model class.
-def _mistral_swa(attn):
-    import transformers as tf
-
-    cfg = tf.MistralConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                           sliding_window=8, use_cache=False, attn_implementation=attn)
-    return _text_model(tf.MistralModel(cfg).eval())
-
-
-def _gemma2(attn):
-    import transformers as tf
-
-    # Gemma 2: tanh soft-capping of the scores, a sliding window on every other layer, GQA,
-    # the scale 1 / sqrt(query_pre_attn_scalar) rather than 1 / sqrt(head_dim).
-    cfg = tf.Gemma2Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64,
-                          sliding_window=8, attn_logit_softcapping=50.0, use_cache=False,
-                          attn_implementation=attn)
-    return _text_model(tf.Gemma2Model(cfg).eval())
-
-
-def _phi3(attn):
-    import transformers as tf
-
-    cfg = tf.Phi3Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=4, intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
-                        use_cache=False, attn_implementation=attn)
-    return _text_model(tf.Phi3Model(cfg).eval())
-
-
-def _gpt_neox(attn):
-    import transformers as tf
-
-    cfg = tf.GPTNeoXConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=64, use_cache=False,
-                           attn_implementation=attn)
-    return _text_model(tf.GPTNeoXModel(cfg).eval())
-
-
-def _opt(attn):
-    import transformers as tf
-
-    cfg = tf.OPTConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
-                       word_embed_proj_dim=32, max_position_embeddings=64, use_cache=False,
-                       attn_implementation=attn)
-    return _text_model(tf.OPTModel(cfg).eval())
-
-
-def _roberta(attn):
-    import transformers as tf
-
-    # position ids start after the padding index: 16 tokens need 18 positions
-    cfg = tf.RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=70, attn_implementation=attn)
-    return _text_model(tf.RobertaModel(cfg, add_pooling_layer=False).eval())
-
-
-def _distilbert(attn):
-    import transformers as tf
-
-    cfg = tf.DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
-                              max_position_embeddings=64, attn_implementation=attn)
-    return _text_model(tf.DistilBertModel(cfg).eval())
-
-
-def _clip_text(attn):
-    import transformers as tf
-
-    cfg = tf.CLIPTextConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=64, max_position_embeddings=64, attn_implementation=attn)
-    return _text_model(tf.CLIPTextModel(cfg).eval())
-
-
-def _deberta_v3(attn):
-    import transformers as tf
-
-    # DeBERTa-v3's disentangled attention: content-to-position and position-to-content terms added
-    # to the scores in the batched-matmul frame (B*H, S, S), the padding mask after a view as
-    # (B, H, S, S); transformers offers it eager attention only.
-    cfg = tf.DebertaV2Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                             intermediate_size=64, max_position_embeddings=64, relative_attention=True,
-                             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=-1,
-                             norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False,
-                             attn_implementation=attn)
-    return _text_model(tf.DebertaV2Model(cfg).eval())
-
-
-def _bloom_alibi(attn):
-    import transformers as tf
-
-    # BLOOM: ALiBi biases added by baddbmm in the (B*H, S, S) frame, then a view as (B, H, S, S)
-    # whose batch size is read from a shape; eager attention only.
-    cfg = tf.BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=4, use_cache=False,
-                         attn_implementation=attn)
-    return _text_model(tf.BloomModel(cfg).eval())
-
-
-def _gpt_bigcode_mqa(attn):
-    import transformers as tf
-
-    cfg = tf.GPTBigCodeConfig(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, multi_query=True,
-                              use_cache=False, attn_implementation=attn)
-    return _text_model(tf.GPTBigCodeModel(cfg).eval())
-
-
-def _gptj(attn):
-    import transformers as tf
-
-    cfg = tf.GPTJConfig(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4,
-                        use_cache=False, attn_implementation=attn)
-    return _text_model(tf.GPTJModel(cfg).eval())
-
-
-def _albert(attn):
-    import transformers as tf
-
-    cfg = tf.AlbertConfig(vocab_size=100, embedding_size=16, hidden_size=32, num_hidden_layers=2,
-                          num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
-                          attn_implementation=attn)
-    return _text_model(tf.AlbertModel(cfg, add_pooling_layer=False).eval())
-
-
-def _electra(attn):
-    import transformers as tf
-
-    cfg = tf.ElectraConfig(vocab_size=100, embedding_size=16, hidden_size=32, num_hidden_layers=2,
-                           num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
-                           attn_implementation=attn)
-    return _text_model(tf.ElectraModel(cfg).eval())
-
-
-def _marian(attn):
-    import transformers as tf
-
-    cfg = tf.MarianConfig(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                          decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                          max_position_embeddings=64, pad_token_id=0, decoder_start_token_id=0, use_cache=False,
-                          attn_implementation=attn)
-    return _encoder_decoder(tf.MarianModel(cfg).eval())
-
-
 def _image_model(model):
     """`model` (a transformers vision module returning last_hidden_state) on two 32x32 images."""
     import torch
@@ -325,60 +183,21 @@ def _image_model(model):
         "pixel_values": {0: "batch"}}
 
 
-def _dinov2(attn):
-    import transformers as tf
+def _hf(config: str, model: str, tail=None, model_kwargs: dict | None = None, **config_kwargs):
+    """The builder of a family that is a transformers config and model class on one of the input
+    tails above (_text_model by default): `config(**config_kwargs, attn_implementation=attn)`."""
 
-    cfg = tf.Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          mlp_ratio=2, attn_implementation=attn)
-    return _image_model(tf.Dinov2Model(cfg).eval())
+    def build(attn):
+        import transformers as tf
 
+        cfg = getattr(tf, config)(**config_kwargs, attn_implementation=attn)
+        return (tail or _text_model)(getattr(tf, model)(cfg, **(model_kwargs or {})).eval())
 
-def _beit(attn):
-    import transformers as tf
-
-    # BEiT: a learned relative position bias added to every layer's scores
-    cfg = tf.BeitConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, use_relative_position_bias=True, attn_implementation=attn)
-    return _image_model(tf.BeitModel(cfg, add_pooling_layer=False).eval())
+    return build
 
 
-def _swin(attn):
-    import transformers as tf
-
-    # Swin: attention inside 4x4 windows with a relative position bias; the second block's shifted
-    # windows add a mask (one stage of two blocks, 2 heads)
-    cfg = tf.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2], num_heads=[2], window_size=4,
-                        attn_implementation=attn)
-    return _image_model(tf.SwinModel(cfg, add_pooling_layer=False).eval())
-
-
-def _qwen3(attn):
-    import transformers as tf
-
-    # Qwen3: RMS norms on Q and K per head before the rotary embedding, GQA
-    cfg = tf.Qwen3Config(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64,
-                         use_cache=False, attn_implementation=attn)
-    return _text_model(tf.Qwen3Model(cfg).eval())
-
-
-def _gemma3_text(attn):
-    import transformers as tf
-
-    cfg = tf.Gemma3TextConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64,
-                              sliding_window=8, use_cache=False, attn_implementation=attn)
-    return _text_model(tf.Gemma3TextModel(cfg).eval())
-
-
-def _falcon_mqa(attn):
-    import transformers as tf
-
-    cfg = tf.FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          num_kv_heads=1, multi_query=True, new_decoder_architecture=False, use_cache=False,
-                          attn_implementation=attn)
-    return _text_model(tf.FalconModel(cfg).eval())
-
+_TINY = dict(vocab_size=100, num_hidden_layers=2)  # most text families' common config
+_TINY_DEC = dict(_TINY, max_position_embeddings=64, use_cache=False)  # decoders
 
 SPECS = {
     s.name: s
@@ -392,30 +211,86 @@ SPECS = {
         Spec("t5", _t5, 6, "T5 encoder-decoder: relative position bias, causal, cross attention"),
         Spec("wav2vec2", _wav2vec2, 2, "Wav2Vec2 speech encoder"),
         Spec("whisper_encoder", _whisper_encoder, 2, "Whisper speech encoder"),
-        Spec("mistral_swa", _mistral_swa, 2, "Mistral decoder, sliding window of 8, GQA 4 / 2"),
-        Spec("gemma2", _gemma2, 2, "Gemma 2 decoder: score soft-capping, sliding window, GQA 4 / 2",
-             attns=("eager",)),  # transformers refuses sdpa for Gemma 2 (the soft-capping)
-        Spec("phi3", _phi3, 2, "Phi-3 decoder, fused QKV projection, causal + padding mask"),
-        Spec("gpt_neox", _gpt_neox, 2, "GPT-NeoX decoder, partial rotary, fused QKV projection"),
-        Spec("opt", _opt, 2, "OPT decoder, causal + padding mask"),
-        Spec("roberta", _roberta, 2, "RoBERTa encoder, padding mask"),
-        Spec("distilbert", _distilbert, 2, "DistilBERT encoder, padding mask"),
-        Spec("clip_text", _clip_text, 2, "CLIP text encoder, causal + padding mask"),
-        Spec("falcon_mqa", _falcon_mqa, 2, "Falcon-7B-style decoder, multi-query (1 kv head)"),
-        Spec("deberta_v3", _deberta_v3, 2, "DeBERTa-v3 encoder: disentangled (relative position) attention",
-             attns=("eager",)),
-        Spec("bloom_alibi", _bloom_alibi, 2, "BLOOM decoder: ALiBi biases in the batched-matmul frame",
-             attns=("eager",)),
-        Spec("gpt_bigcode_mqa", _gpt_bigcode_mqa, 2, "GPT-BigCode (StarCoder) decoder, multi-query"),
-        Spec("gptj", _gptj, 2, "GPT-J decoder, partial rotary"),
-        Spec("albert", _albert, 2, "ALBERT encoder, shared layers, padding mask"),
-        Spec("electra", _electra, 2, "ELECTRA encoder, padding mask"),
-        Spec("marian", _marian, 6, "Marian encoder-decoder: causal, cross attention"),
-        Spec("dinov2", _dinov2, 2, "DINOv2 image encoder"),
-        Spec("beit", _beit, 2, "BEiT image encoder, relative position bias"),
-        Spec("swin", _swin, 2, "Swin image encoder: window attention, relative position bias, shifted-window mask"),
-        Spec("qwen3", _qwen3, 2, "Qwen3 decoder: Q / K norms, GQA 4 / 2"),
-        Spec("gemma3_text", _gemma3_text, 2, "Gemma 3 text decoder: local sliding window and global layers, GQA"),
+        Spec("mistral_swa", _hf("MistralConfig", "MistralModel", hidden_size=32, num_attention_heads=4,
+                                num_key_value_heads=2, intermediate_size=64, sliding_window=8, **_TINY_DEC),
+             2, "Mistral decoder, sliding window of 8, GQA 4 / 2"),
+        # Gemma 2: tanh soft-capping of the scores, a sliding window on every other layer, GQA, the
+        # scale 1 / sqrt(query_pre_attn_scalar); transformers refuses sdpa for it
+        Spec("gemma2", _hf("Gemma2Config", "Gemma2Model", hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=8, intermediate_size=64, sliding_window=8, attn_logit_softcapping=50.0,
+                           **_TINY_DEC),
+             2, "Gemma 2 decoder: score soft-capping, sliding window, GQA 4 / 2", attns=("eager",)),
+        Spec("phi3", _hf("Phi3Config", "Phi3Model", hidden_size=32, num_attention_heads=4, num_key_value_heads=4,
+                         intermediate_size=64, pad_token_id=0, **_TINY_DEC),
+             2, "Phi-3 decoder, fused QKV projection, causal + padding mask"),
+        Spec("gpt_neox", _hf("GPTNeoXConfig", "GPTNeoXModel", hidden_size=32, num_attention_heads=4,
+                             intermediate_size=64, **_TINY_DEC),
+             2, "GPT-NeoX decoder, partial rotary, fused QKV projection"),
+        Spec("opt", _hf("OPTConfig", "OPTModel", hidden_size=32, num_attention_heads=4, ffn_dim=64,
+                        word_embed_proj_dim=32, **_TINY_DEC),
+             2, "OPT decoder, causal + padding mask"),
+        # position ids start after the padding index: 16 tokens need 18 positions
+        Spec("roberta", _hf("RobertaConfig", "RobertaModel", model_kwargs={"add_pooling_layer": False}, hidden_size=32,
+                            num_attention_heads=4, intermediate_size=64, max_position_embeddings=70, **_TINY),
+             2, "RoBERTa encoder, padding mask"),
+        Spec("distilbert", _hf("DistilBertConfig", "DistilBertModel", vocab_size=100, dim=32, n_layers=2, n_heads=4,
+                               hidden_dim=64, max_position_embeddings=64),
+             2, "DistilBERT encoder, padding mask"),
+        Spec("clip_text", _hf("CLIPTextConfig", "CLIPTextModel", hidden_size=32, num_attention_heads=4,
+                              intermediate_size=64, max_position_embeddings=64, **_TINY),
+             2, "CLIP text encoder, causal + padding mask"),
+        Spec("falcon_mqa", _hf("FalconConfig", "FalconModel", hidden_size=32, num_attention_heads=4, num_kv_heads=1,
+                               multi_query=True, new_decoder_architecture=False, use_cache=False, **_TINY),
+             2, "Falcon-7B-style decoder, multi-query (1 kv head)"),
+        # DeBERTa-v3's disentangled attention: content-to-position and position-to-content terms
+        # added to the scores in the batched-matmul frame (B*H, S, S), the padding mask after a view
+        # as (B, H, S, S); eager attention only
+        Spec("deberta_v3", _hf("DebertaV2Config", "DebertaV2Model", hidden_size=32, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=64, relative_attention=True,
+                               pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=-1,
+                               norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False, **_TINY),
+             2, "DeBERTa-v3 encoder: disentangled (relative position) attention", attns=("eager",)),
+        # BLOOM: ALiBi biases added by baddbmm in the (B*H, S, S) frame, then a view as (B, H, S, S)
+        # whose batch size is read from a shape; eager attention only
+        Spec("bloom_alibi", _hf("BloomConfig", "BloomModel", vocab_size=100, hidden_size=32, n_layer=2, n_head=4,
+                                use_cache=False),
+             2, "BLOOM decoder: ALiBi biases in the batched-matmul frame", attns=("eager",)),
+        Spec("gpt_bigcode_mqa", _hf("GPTBigCodeConfig", "GPTBigCodeModel", vocab_size=100, n_embd=32, n_layer=2,
+                                    n_head=4, n_positions=64, multi_query=True, use_cache=False),
+             2, "GPT-BigCode (StarCoder) decoder, multi-query"),
+        Spec("gptj", _hf("GPTJConfig", "GPTJModel", vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                         rotary_dim=4, use_cache=False),
+             2, "GPT-J decoder, partial rotary"),
+        Spec("albert", _hf("AlbertConfig", "AlbertModel", model_kwargs={"add_pooling_layer": False}, embedding_size=16,
+                           hidden_size=32, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                           **_TINY),
+             2, "ALBERT encoder, shared layers, padding mask"),
+        Spec("electra", _hf("ElectraConfig", "ElectraModel", embedding_size=16, hidden_size=32, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=64, **_TINY),
+             2, "ELECTRA encoder, padding mask"),
+        Spec("marian", _hf("MarianConfig", "MarianModel", tail=_encoder_decoder, vocab_size=100, d_model=32,
+                           encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                           encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0,
+                           decoder_start_token_id=0, use_cache=False),
+             6, "Marian encoder-decoder: causal, cross attention"),
+        Spec("dinov2", _hf("Dinov2Config", "Dinov2Model", tail=_image_model, image_size=32, patch_size=8,
+                           hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2),
+             2, "DINOv2 image encoder"),
+        Spec("beit", _hf("BeitConfig", "BeitModel", tail=_image_model, model_kwargs={"add_pooling_layer": False},
+                         image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, use_relative_position_bias=True),
+             2, "BEiT image encoder, relative position bias"),
+        # one stage of two blocks with 2 heads: the second block's shifted windows add a mask
+        Spec("swin", _hf("SwinConfig", "SwinModel", tail=_image_model, model_kwargs={"add_pooling_layer": False},
+                         image_size=32, patch_size=4, embed_dim=16, depths=[2], num_heads=[2], window_size=4),
+             2, "Swin image encoder: window attention, relative position bias, shifted-window mask"),
+        Spec("qwen3", _hf("Qwen3Config", "Qwen3Model", hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=8, intermediate_size=64, **_TINY_DEC),
+             2, "Qwen3 decoder: Q / K norms, GQA 4 / 2"),
+        Spec("gemma3_text", _hf("Gemma3TextConfig", "Gemma3TextModel", hidden_size=32, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=8, intermediate_size=64, sliding_window=8,
+                                **_TINY_DEC),
+             2, "Gemma 3 text decoder: local sliding window and global layers, GQA"),
     )
 }
 

@@ -135,21 +135,12 @@ def test_cached_decoding_step(tmp_path, attn, steps):
     import numpy as np
     import onnxruntime as ort
 
-    from opsfuse import LibraryNotBuiltError, get_library_path
-
     try:
         src = export_models.export_llama_decode_step(tmp_path / "step.onnx", attn)
     except Exception as exc:  # an exporter limitation, not ours
         pytest.skip(f"torch.onnx could not export the decoding step: {type(exc).__name__}: {str(exc)[:200]}")
-    rewritten, report = fuse_attention(model_io.load(src))
-    assert report.found == 2 and report.fused == 2, report.format()
-    model_io.validate(rewritten)
-    dst = tmp_path / "step.fused.onnx"
-    model_io.save(rewritten, dst)
-    try:
-        library = get_library_path()
-    except LibraryNotBuiltError as exc:
-        pytest.skip(f"structure checked; numerics need the opsfuse ORT library: {exc}")
+    dst = _fused_copy(src, tmp_path, layers=2)
+    library = _ort_library()
     so = ort.SessionOptions()
     so.register_custom_ops_library(library)
     original = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
@@ -173,16 +164,28 @@ def test_torch_transformer_encoder(tmp_path, exporter, padding_mask):
         src = export_models.export_torch_encoder(tmp_path / "enc.onnx", exporter, padding_mask)
     except Exception as exc:  # an exporter limitation, not ours
         pytest.skip(f"torch.onnx could not export the encoder: {type(exc).__name__}: {str(exc)[:200]}")
+    dst = _fused_copy(src, tmp_path, layers=2)
+    _ort_library()
+    result = verify(src, dst)
+    assert result.ok, result.format()
+
+
+def _fused_copy(src, tmp_path, layers: int):
+    """Rewrites `src`, asserting that all its `layers` attention layers fused, and saves the
+    validated result beside it; returns its path."""
     rewritten, report = fuse_attention(model_io.load(src))
-    assert report.found == 2 and report.fused == 2, report.format()
+    assert report.found == layers and report.fused == layers, report.format()
     model_io.validate(rewritten)
-    dst = tmp_path / "enc.fused.onnx"
+    dst = tmp_path / f"{src.stem}.fused.onnx"
     model_io.save(rewritten, dst)
+    return dst
+
+
+def _ort_library() -> str:
+    """The opsfuse ORT library, or a skip saying numerics need it."""
     from opsfuse import LibraryNotBuiltError, get_library_path
 
     try:
-        get_library_path()
+        return get_library_path()
     except LibraryNotBuiltError as exc:
         pytest.skip(f"structure checked; numerics need the opsfuse ORT library: {exc}")
-    result = verify(src, dst)
-    assert result.ok, result.format()
