@@ -31,7 +31,7 @@ HEADS_HIDDEN = {"bert": (4, 32), "gpt2": (4, 32), "llama": (4, 32), "llama_gqa":
                 "roberta": (4, 32), "distilbert": (4, 32), "clip_text": (4, 32), "falcon_mqa": (4, 32),
                 "deberta_v3": (4, 32), "bloom_alibi": (4, 32), "gpt_bigcode_mqa": (4, 32), "gptj": (4, 32),
                 "albert": (4, 32), "electra": (4, 32), "marian": (4, 32), "dinov2": (4, 32),
-                "beit": (4, 32), "swin": (2, 16), "qwen3": (4, 32), "gemma3_text": (4, 32)}
+                "beit": (4, 32), "swin": (2, 16), "qwen3": (4, 32), "gemma3_text": (4, 32), "modernbert": (4, 32)}
 # The optimizer's own type where it has one for the family, else the closest (gpt2 for decoders,
 # bert for encoders).
 ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "llama": "gpt2", "llama_gqa": "gpt2",
@@ -40,7 +40,7 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "distilbert": "bert", "clip_text": "clip", "falcon_mqa": "gpt2", "deberta_v3": "bert",
                   "bloom_alibi": "gpt2", "gpt_bigcode_mqa": "gpt2", "gptj": "gpt2", "albert": "bert", "electra": "bert",
                   "marian": "bart", "dinov2": "vit",
-                  "beit": "vit", "swin": "swin", "qwen3": "qwen3", "gemma3_text": "gpt2"}
+                  "beit": "vit", "swin": "swin", "qwen3": "qwen3", "gemma3_text": "gpt2", "modernbert": "bert"}
 
 
 def _quiet():

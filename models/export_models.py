@@ -291,6 +291,13 @@ SPECS = {
                                 num_key_value_heads=2, head_dim=8, intermediate_size=64, sliding_window=8,
                                 **_TINY_DEC),
              2, "Gemma 3 text decoder: local sliding window and global layers, GQA"),
+        # ModernBERT: local (sliding window) and global layers, rotary; its special token ids must
+        # fall inside the tiny vocabulary
+        Spec("modernbert", _hf("ModernBertConfig", "ModernBertModel", hidden_size=32, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=64, local_attention=8,
+                               global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                               cls_token_id=1, sep_token_id=2, **_TINY),
+             2, "ModernBERT encoder: local and global layers, rotary"),
     )
 }
 
