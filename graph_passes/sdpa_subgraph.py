@@ -501,25 +501,23 @@ def _feeds_only(reader: ir.Node, views: tuple) -> bool:
 def _leading_target(shape: ir.Value, shapes: dict) -> tuple[int | None, int | None]:
     """The first two entries of a Reshape's target shape, each an int where it is a constant (in a
     constant tensor, or a constant piece of a Concat), else None."""
-    arr = const_array(shape)
-    if arr is not None:
-        flat = [int(x) for x in arr.reshape(-1)]
-        return (flat + [None, None])[0], (flat + [None, None])[1]
-    node = shape.producer()
-    if node is None or node.op_type != "Concat" or not is_default_domain(node):
-        return None, None
     entries: list[int | None] = []
-    for piece in node.inputs:
-        a = const_array(piece)
-        if a is not None:
-            entries += [int(x) for x in a.reshape(-1)]
-        else:  # a computed piece: its entries are unknown, and so is what follows unless its length is known
-            s = shapes.get(piece.name)
-            if s is None or len(s) != 1 or not isinstance(s[0], int):
+    arr = const_array(shape)
+    node = shape.producer()
+    if arr is not None:
+        entries = [int(x) for x in arr.reshape(-1)]
+    elif node is not None and node.op_type == "Concat" and is_default_domain(node):
+        for piece in node.inputs:
+            a = const_array(piece)
+            if a is not None:
+                entries += [int(x) for x in a.reshape(-1)]
+            else:  # a computed piece: unknown entries, and so is what follows unless its length is known
+                s = shapes.get(piece.name)
+                if s is None or len(s) != 1 or not isinstance(s[0], int):
+                    break
+                entries += [None] * s[0]
+            if len(entries) >= 2:
                 break
-            entries += [None] * s[0]
-        if len(entries) >= 2:
-            break
     entries += [None, None]
     return entries[0], entries[1]
 

@@ -205,7 +205,7 @@ def infer_shapes(model: ir.Model) -> ShapeMap:
             shapes.dtypes[value.name] = value.const_value.dtype
     light = _light_proto(model)
     try:
-        _fold_integer_constants(light)
+        log.debug("folded %d constant integer nodes before shape inference", _fold_integer_constants(light))
     except Exception as exc:  # folding is only a help to the inference
         log.debug("constant folding before shape inference failed: %s", exc)
     inferred = None

@@ -62,8 +62,6 @@ def _built_cuda():
     info = opsfuse.build_info()
     if not info["cuda"]:
         pytest.skip(f"the CUDA kernels were not built in this install: {info.get('cuda_reason') or 'no nvcc'}")
-    if not any(a.startswith("90") for a in info["cuda_architectures"].split(";")):
-        pytest.skip(f"built without sm_90 ({info['cuda_architectures']}): no Hopper kernel to check")
     tool = check_sass.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (CUDA's bin folder, or Triton's copy from the test extras)")
@@ -99,6 +97,8 @@ def test_no_kernel_spills_in_any_architecture():
 
 def test_shipped_hopper_kernels_use_wgmma_without_spills():
     info, tool = _built_cuda()
+    if not any(a.startswith("90") for a in info["cuda_architectures"].split(";")):
+        pytest.skip(f"built without sm_90 ({info['cuda_architectures']}): no Hopper kernel to check")
     reports = check_sass.hopper_reports(check_sass.disassemble(info["ort_library"], tool))
     failures = {r.name: r.problems for r in reports if r.problems}
     assert not failures
