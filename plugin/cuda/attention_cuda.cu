@@ -35,7 +35,7 @@
 //                                  round of 64-row items.
 //   OPSFUSE_CUDA_HOPPER_CHAIN=0    (A/B, tests) no item chaining: persistent plain launches take
 //                                  the kernel that runs each item's key loop on its own; =N >= 2
-//                                  (A/B, traces) chaining from N key tiles instead of 16.
+//                                  (A/B, traces) chaining from N key tiles instead of 16 (8 causal).
 //   OPSFUSE_CUDA_HOPPER_PDL=1      the Hopper prefill kernel as a programmatic dependent launch: its
 //                                  blocks start while the previous kernel in the stream ends (and
 //                                  wait for it before any global access). Off by default: on the
@@ -556,7 +556,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   plan.tma_store = !sw.is(Switch::kHopperTmaStore, '0');
   if (const char* chain = sw.get(Switch::kHopperChain)) {
     const int n = std::max(0, std::atoi(chain));
-    plan.chain_tiles = n == 1 ? plan.chain_tiles : n;  // 1: on, as by default
+    if (n != 1) plan.chain_tiles = plan.chain_tiles_causal = n;  // 1: on, as by default
   }
   plan.pdl = sw.is(Switch::kHopperPdl, '1');
   if (const char* seq = sw.get(Switch::kHopperSeq)) plan.seq_tiles = std::max(0, std::atoi(seq));
@@ -790,6 +790,7 @@ bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, P
   r.wg_split = plan.wg_split;
   r.stream_k = plan.stream_k;
   r.chain_tiles = plan.chain_tiles;
+  r.chain_tiles_causal = plan.chain_tiles_causal;
 #ifdef OPSFUSE_CUDA_HOPPER
   r.hopper_compiled = true;
 #endif

@@ -46,6 +46,7 @@ struct PlanSummary {
   bool stream_k = false;    // Hopper persistent: stream-K units
   int chain_tiles = 0;      // Hopper: item chaining from this many key tiles where the launch allows it
                             // (launch_hopper: persistent plain launches at D = 128); 0 never
+  int chain_tiles_causal = 0;  // the same for causal launches
   bool hopper_compiled = false;  // whether this build holds the sm_90a kernels at all
 };
 bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, PlanSummary* out);

@@ -160,7 +160,8 @@ struct Plan {
   bool tma_store = true;       // kHopper: the output through shared memory and TMA stores (D <= 128)
   int chain_tiles = 16;        // kHopper: item chaining (kPlainChain, launch_hopper) for persistent plain
                                // launches at D = 128 over >= this many key tiles
-                               // (OPSFUSE_CUDA_HOPPER_CHAIN=0: never, =N >= 2: from N tiles)
+  int chain_tiles_causal = 8;  // the same for causal launches (their items' key loops are shorter)
+                               // (OPSFUSE_CUDA_HOPPER_CHAIN=0: never, =N >= 2: from N tiles, both)
   bool pdl = false;            // kHopper: a programmatic dependent launch (launch_hopper)
   int seq_tiles = 8;           // kHopper: plain launches at D <= 64 over <= this many key tiles run them in
                                // sequence (kPlainSeq, launch_hopper); 0 never

@@ -288,6 +288,7 @@ py::dict describe_plan_impl(py::handle q, py::handle k, py::handle v, py::handle
   d["wg_split"] = s.wg_split;
   d["stream_k"] = s.stream_k;
   d["chain_tiles"] = s.chain_tiles;
+  d["chain_tiles_causal"] = s.chain_tiles_causal;
   d["hopper_compiled"] = s.hopper_compiled;
   return d;
 }

@@ -379,12 +379,13 @@ def test_warpgroup_key_split(dtype, case, monkeypatch):
 
 CHAIN_CASES = {
     # name: (b, hq, hkv, sq, sk, d, dv), attrs; persistent plain grids of more row tiles than an
-    # H100 / H200 has SMs (132) over >= 2048 keys, without a tail split or stream-K: item chaining
-    # (kPlainChain)
+    # H100 / H200 has SMs (132) over >= 2048 keys (causal >= 1024), without a tail split or
+    # stream-K: item chaining (kPlainChain)
     "gqa3_1025x2100": ((2, 12, 4, 1025, 2100, 128, 128), {}),  # 216 items of 17 tiles, the last partial
     "sq100_mqa": ((3, 96, 1, 100, 2048, 128, 128), {}),  # 288 items of 100 rows
     "causal1_dynamic": ((1, 10, 5, 2100, 2100, 128, 128), {"is_causal": 1}),  # 170 items, 1..17 tiles
     "d80_dv96_causal2_snake": ((2, 12, 6, 700, 2100, 80, 96), {"is_causal": 2}),  # 144 items
+    "causal1_gqa3_1100": ((2, 12, 4, 1100, 1100, 128, 128), {"is_causal": 1}),  # 216 items, 1..9 tiles
 }
 
 

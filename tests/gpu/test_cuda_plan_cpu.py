@@ -93,13 +93,15 @@ def test_switches_reach_the_plan(mod, monkeypatch):
     assert s["kernel"] == "hopper" and not s["wg_split"] and s["block_m"] == 128
 
 
-@pytest.mark.parametrize("value, tiles", [(None, 16), ("1", 16), ("0", 0), ("2", 2), ("8", 8)])
-def test_chain_switch(mod, monkeypatch, value, tiles):
-    """OPSFUSE_CUDA_HOPPER_CHAIN: unset or 1 chains from 16 key tiles, 0 never, N >= 2 from N (the
-    trace and A/B builds' way to chain S=1024's 8-tile items)."""
+@pytest.mark.parametrize("value, tiles, causal_tiles", [(None, 16, 8), ("1", 16, 8), ("0", 0, 0), ("2", 2, 2),
+                                                        ("8", 8, 8), ("32", 32, 32)])
+def test_chain_switch(mod, monkeypatch, value, tiles, causal_tiles):
+    """OPSFUSE_CUDA_HOPPER_CHAIN: unset or 1 chains from 16 key tiles (causal launches from 8), 0
+    never, N >= 2 from N for both (the trace and A/B builds' way to move the threshold)."""
     if value is not None:
         monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_CHAIN", value)
-    assert plan(mod, 8, 16, 1024, 1024, 128)["chain_tiles"] == tiles
+    p = plan(mod, 8, 16, 1024, 1024, 128)
+    assert (p["chain_tiles"], p["chain_tiles_causal"]) == (tiles, causal_tiles)
 
 
 def test_other_devices_and_dtypes(mod):

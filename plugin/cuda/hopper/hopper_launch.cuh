@@ -65,12 +65,15 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // in either order, unsplit, without stream-K. Every item must have a key tile (the chain's step
   // takes each item's first: no key_lengths, causal rows that see key 0), no Q or V bias (added
   // at an item's start and end outside the chained steps) and its output through TMA stores.
-  // Taken where the keys span >= Plan::chain_tiles key tiles (16; OPSFUSE_CUDA_HOPPER_CHAIN=N
-  // moves it): the H200's same-process A/B (session 22, B=8 H=16 D=128 bf16) measured S=4096
-  // -0.7 to -1.1 %, causal -1.2 to -1.9 %, causal S=16384 -1.7 %, but S=1024 (8-tile items) +0.6
-  // to +1.0 % and causal S=1024 +1 %.
-  if (kD == 128 && mode == hopper::kPlain && plan.chain_tiles > 0 && plan.persistent > 0 &&
-      blocks > plan.persistent && a.seq_k >= static_cast<int64_t>(plan.chain_tiles) * Cfg::kBN &&
+  // Taken where the keys span >= Plan::chain_tiles key tiles (16), causal >= chain_tiles_causal
+  // (8; OPSFUSE_CUDA_HOPPER_CHAIN=N moves both): the H200's same-process A/B (session 22, B=8
+  // H=16 D=128 bf16) measured S=4096 -0.7 to -1.1 %, causal -1.2 to -1.9 %, causal S=16384
+  // -1.7 %, but S=1024 (8-tile items) +0.6 to +1.0 % and causal S=1024 +1 %. Since early Q
+  // (session 33) the H100 measured causal launches over 8-15 key tiles -2 to -4 % in all 30
+  // pairs of session 36 (five shapes, bf16 / fp16), non-causal S=1024 still +0.6 %.
+  const int chain_tiles = a.causal != 0 ? plan.chain_tiles_causal : plan.chain_tiles;
+  if (kD == 128 && mode == hopper::kPlain && chain_tiles > 0 && plan.persistent > 0 &&
+      blocks > plan.persistent && a.seq_k >= static_cast<int64_t>(chain_tiles) * Cfg::kBN &&
       plan.cluster == 1 && a.sk_count == nullptr && a.key_lengths == nullptr && a.q_bias == nullptr &&
       a.v_bias == nullptr && tma_store && (a.causal == 0 || a.causal_offset >= 0))
     mode = hopper::kPlainChain;

@@ -392,8 +392,9 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   // must not take it where the run asks for register stores or no chaining, or (CHAIN=N) chaining
   // from more key tiles than the case has.
   const std::string chain_env = env_value("OPSFUSE_CUDA_HOPPER_CHAIN");
-  const int chain_from = chain_env.empty() || chain_env == "1" ? opsfuse::cuda::detail::Plan{}.chain_tiles
-                                                                : std::atoi(chain_env.c_str());
+  const opsfuse::cuda::detail::Plan plan_defaults{};
+  const int chain_default = c.causal != 0 ? plan_defaults.chain_tiles_causal : plan_defaults.chain_tiles;
+  const int chain_from = chain_env.empty() || chain_env == "1" ? chain_default : std::atoi(chain_env.c_str());
   expect_mode(c.chain != 0, opsfuse::cuda::detail::hopper::kPlainChain,
               env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && chain_from > 0 &&
                   static_cast<int64_t>(chain_from) * 128 <= c.Sk,
@@ -656,17 +657,22 @@ int main(int argc, char** argv) {
       {"hop bf16 d64 wgsplit Sq3 mqa", BF, 2, 8, 1, 3, 2000, 64, 64, 0, 0.f, N, 0, 0},
       {"hop f16 d96 wgsplit 5 tiles", H, 1, 5, 5, 200, 600, 96, 96, 0, 0.f, N, 0, 0},
       {"hop bf16 d64 wgsplit forced 528", BF, 2, 66, 11, 200, 800, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 1},
-      // Item chaining (kPlainChain: persistent plain launches at D = 128 with >= 2048 keys, without
-      // key_lengths or biases; the last field asks that it ran): 216 items of 17 key tiles, the last
-      // partial (Sk = 2100), Sq = 1025 (a one-row tile), GQA 3; 288 items of 100 rows, MQA; causal 1
-      // in the dynamic order (17 row tiles per head: items of 1 to 17 key tiles); causal 2 with
-      // Sk > Sq (the snake, 6 row tiles per head), D = 80 / Dv = 96; a small one for --quick (270
-      // items of 64 rows: blocks of three items, Q slots reused).
+      // Item chaining (kPlainChain: persistent plain launches at D = 128 with >= 2048 keys, causal
+      // >= 1024, without key_lengths or biases; the last field asks that it ran): 216 items of 17
+      // key tiles, the last partial (Sk = 2100), Sq = 1025 (a one-row tile), GQA 3; 288 items of
+      // 100 rows, MQA; causal 1 in the dynamic order (17 row tiles per head: items of 1 to 17 key
+      // tiles); causal 2 with Sk > Sq (the snake, 6 row tiles per head), D = 80 / Dv = 96; causal 1
+      // over 1024 keys (items of 1 to 8 tiles) and over 1100 (1 to 9, the last partial), GQA 3;
+      // small ones for --quick (270 items of 64 rows: blocks of three items, Q slots reused; 136
+      // causal items of 1 to 8 tiles).
       {"hop bf16 d128 chain gqa3 1025x2100", BF, 2, 12, 4, 1025, 2100, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 chain Sq100 mqa", H, 3, 96, 1, 100, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d128 chain dynamic causal1", BF, 1, 10, 5, 2100, 2100, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d80/96 chain causal2 gqa2", H, 2, 12, 6, 700, 2100, 80, 96, 2, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 chain quick 270x2048", H, 2, 135, 15, 64, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d128 chain causal1 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 chain causal1 gqa3 1100", H, 2, 12, 4, 1100, 1100, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 chain quick causal1 136x1024", H, 1, 17, 17, 1024, 1024, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       // Short items in sequence (kPlainSeq: plain launches at D <= 64 over <= 8 key tiles; the last
       // field asks that it ran): the seed's S=128 (12 items of one tile); BERT's S=512 in a
       // persistent grid (768 items of 4 tiles); one key (Sk = 1) with D = 40, GQA 3 and Sq = 97;
@@ -763,7 +769,7 @@ int main(int argc, char** argv) {
 #endif
   // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
   // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
-  // warpgroup-split and chaining cases, three bias cases (key splits, the tail split, softcap's
+  // warpgroup-split and two chaining cases, three bias cases (key splits, the tail split, softcap's
   // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq); the other
   // persistent-grid cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
@@ -772,7 +778,8 @@ int main(int argc, char** argv) {
                                 "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64",
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
-                                "hop f16 d128 chain quick 270x2048", "hop f16 d64 seq seed 12x128",
+                                "hop f16 d128 chain quick 270x2048", "hop f16 d128 chain quick causal1 136x1024",
+                                "hop f16 d64 seq seed 12x128",
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
                                 "hop bf16 d40 wide Sq97 gqa3 512"};
   uint32_t hseed = 777u;
