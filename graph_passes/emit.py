@@ -104,7 +104,9 @@ def combine_masks(new_nodes: list, terms, dtype: ir.DataType, base: str) -> ir.V
     scores there: Where(masked, fill, so_far) with fill -inf for a bool term or the Where's finite
     fill (the original's value at masked keys, see sdpa_subgraph's docstring). Replacing rather
     than adding keeps two huge terms from summing to -inf: an additive finfo.min padding term under
-    a finfo.min Where gives finfo.min at a key both mask, as the original does."""
+    a finfo.min Where gives finfo.min at a key both mask, as the original does. A clamp term
+    bounds what came before it from below, Max(so_far, c), as the original's Max bounds the
+    masked scores."""
     if not terms:
         return None
     if len(terms) == 1 and terms[0].kind == "bool" and terms[0].fill is None:
@@ -116,6 +118,10 @@ def combine_masks(new_nodes: list, terms, dtype: ir.DataType, base: str) -> ir.V
     for i, t in enumerate(terms):
         if t.kind == "add":
             total = t.value if total is None else node(new_nodes, "Add", [total, t.value], name=f"{base}/mask{i}_add")
+            continue
+        if t.kind == "clamp":  # the original's Max(s + m, c) as s + Max(m, c) (sdpa_subgraph checks c)
+            bound = constant(new_nodes, t.fill, dtype, f"{base}/mask{i}_bound")
+            total = node(new_nodes, "Max", [total, bound], name=f"{base}/mask{i}_clamp")
             continue
         fill = constant(new_nodes, -np.inf if t.fill is None else t.fill, dtype, f"{base}/mask{i}_fill")
         kept = total if total is not None else constant(new_nodes, 0.0, dtype, f"{base}/mask{i}_zero")

@@ -12,7 +12,8 @@ The form every exporter produces for eager attention, and TorchScript exports of
   explicit Transpose(0,1,3,2): data movement only, so exact.
 - masks: additive ``Add`` (either operand order, any broadcast shape that does not grow the
   scores; several Adds are folded into one mask input), ``Where(cond, scores, fill)`` or
-  ``Where(cond, fill, scores)`` bool masks, and the softcap ``c*tanh(s/c)``.
+  ``Where(cond, fill, scores)`` bool masks, the clamp ``Max(s + m, c)`` of a masked score at a
+  huge negative constant (folded as ``Max(m, c)``), and the softcap ``c*tanh(s/c)``.
 - after Softmax: the NaN guard ``Where(IsNaN(p), 0, p)``, inference ``Dropout``, ``Identity``
   and ``Cast`` chains (half-precision models that run softmax in float32).
 - GQA / MQA: repeat-kv before the MatMuls is absorbed (see ``layout.py``); a K/V with one head
@@ -22,8 +23,11 @@ The form every exporter produces for eager attention, and TorchScript exports of
   as (B*H, Sq, Sk) for the P V product (DeBERTa's disentangled attention: its position terms are
   added in the bmm frame, the padding mask in the 4-D one), Q, K, V and the bmm-frame terms are
   reshaped to (B, H, ...) with the view's own leading dims instead, and the output back: data
-  movement only, so exact. ``Shape`` reads of the chain's values that only compute the two
-  views' target shapes go with the chain.
+  movement only, so exact. The same where the scores are viewed back before the Softmax (the
+  mask alone in the 4-D view: fairseq-style code such as XGLM and older BART / OPT exports), and
+  a view of the probabilities and its inverse after it are dropped once their shapes cancel.
+  ``Shape`` reads of the chain's values that only compute the views' target shapes go with the
+  chain.
 - Layout: when Q, K and V are (B, S, H*D) projections split by Reshape + Transpose(0, 2, 1, 3) and
   the output is merged back by Transpose(0, 2, 1, 3) + Reshape (B, S, H*Dv), the fused node takes
   FusedAttention's 3-D form: it reads the projections, its output replaces the final Reshape's, and
@@ -49,6 +53,9 @@ Exactness decisions (each rejection below is a stated reason in the report):
   type's rounding, but a row whose every key is masked by a *finite* additive value (e.g. float16's
   -65504) is decided by that rounding in the original and can differ after fusion. Float32 models
   with ``finfo(float32).min`` masks are exact, fully masked rows included.
+- ``Max(s + m, c)`` with ``c <= -1e30`` (``finfo(float32).min``) equals ``s + Max(m, c)`` wherever
+  ``s + c`` rounds to ``c`` (the bound above); the clamp keeps a row masked by -inf at every key
+  uniform, as the original does. Smaller bounds (float16's -65504) are left alone with a reason.
 - A scale applied after an additive mask (``(s + m) * c``) would scale the mask: left alone.
 - Casts before the Softmax must be widening (or no-ops); casts after it may not pass through a
   type narrower than Q's; the additive mask must have Q's type. One mixed form is accepted: Q and K
@@ -102,12 +109,13 @@ class Reject(Exception):
 
 @dataclasses.dataclass
 class MaskTerm:
-    kind: str  # "add": value is added to the scores; "bool": value (bool) says where keys are visible
+    kind: str  # "add": value is added to the scores; "bool": value (bool) says where keys are visible;
+    # "clamp": Max(scores, fill) with the huge negative constant fill (value, a scalar)
     value: ir.Value
     node: ir.Node  # the Add or Where node
     scores_in: ir.Value  # that node's scores-side input
     negate: bool = False  # bool: visible = Not(value)
-    fill: float | None = None  # bool from Where with a finite fill: emitted as Where(cond, 0, fill)
+    fill: float | None = None  # bool from Where with a finite fill: emitted as Where(cond, 0, fill); clamp's bound
     in_bmm: bool = False  # applied in the (B*H, Sq, Sk) frame, before the scores' head view
 
 
@@ -128,7 +136,9 @@ class Match:
     internal: list  # values between qk and pv that must feed nothing else
     nan_guard: bool = False
     view: ir.Node | None = None  # Reshape (B*H, Sq, Sk) -> (B, H, Sq, Sk) before the Softmax
-    unview: ir.Node | None = None  # Reshape back to (B*H, Sq, Sk) after it
+    unview: ir.Node | None = None  # Reshape back to (B*H, Sq, Sk) after it (or before it: softmax_in_bmm)
+    softmax_in_bmm: bool = False  # the scores are viewed back before the Softmax (fairseq-style code)
+    post_views: tuple = ()  # with softmax_in_bmm: a Reshape pair after the Softmax whose shapes cancel
 
     @property
     def where(self) -> list[str]:
@@ -242,6 +252,7 @@ class _Scores:
     casts: tuple = ()
     internal: tuple = ()
     view: ir.Node | None = None
+    unview: ir.Node | None = None  # a second Reshape, nearer the Softmax: the view back to (B*H, Sq, Sk)
 
 
 def _softcap_of(node: ir.Node) -> tuple[float, ir.Value] | None:
@@ -311,7 +322,7 @@ def _parse_scores(value: ir.Value, depth: int, above: frozenset) -> _Scores:
             if "scale" in above or "softcap" in above:
                 raise Reject("an additive mask is added before the scale or softcap is applied "
                              "(FusedAttention adds the mask last)")
-            term = MaskTerm("add", node.inputs[1 - i], node, node.inputs[i])
+            term = MaskTerm("add", node.inputs[1 - i], node, node.inputs[i], in_bmm=inner.unview is not None)
             return dataclasses.replace(inner, masks=inner.masks + (term,),
                                        internal=inner.internal + (node.inputs[i],))
         raise Reject(errors[0] if errors else "Add before the Softmax has no scores operand")
@@ -332,24 +343,49 @@ def _parse_scores(value: ir.Value, depth: int, above: frozenset) -> _Scores:
         if ("scale" in above or "softcap" in above) and not math.isinf(fill):
             raise Reject("a finite Where mask is applied before the scale or softcap")
         inner = _parse_scores(scores, depth + 1, above)
-        term = MaskTerm("bool", cond, node, scores, negate=negate, fill=None if math.isinf(fill) else fill)
+        term = MaskTerm("bool", cond, node, scores, negate=negate, fill=None if math.isinf(fill) else fill,
+                        in_bmm=inner.unview is not None)
         return dataclasses.replace(inner, masks=inner.masks + (term,), internal=inner.internal + (scores,))
+    if kind == "Max":
+        # Max(s + m, c), a masked score clamped at a huge negative c (older Hugging Face and
+        # fairseq code: torch.max(w, finfo.min)): equal to s + Max(m, c) wherever s + c rounds to
+        # c, the same bound as a finite Where fill (|s| < ~1e22 for |c| >= 1e30). It keeps an
+        # all -inf row uniform as the original does.
+        consts = [scalar_const(x) for x in node.inputs]
+        if len(node.inputs) != 2 or (consts[0] is None) == (consts[1] is None):
+            raise Reject(f"a Max before the Softmax ({node.name}) does not clamp the scores by a constant")
+        i = 0 if consts[1] is not None else 1
+        bound = consts[1 - i]
+        if not (math.isfinite(bound) and bound <= -HUGE_FILL):
+            raise Reject(f"the scores are clamped below at {float_repr(bound)} ({node.name}): only a clamp at a huge "
+                         "negative bound (<= -1e30, e.g. finfo(float32).min) folds exactly into the mask")
+        if "scale" in above or "softcap" in above:
+            raise Reject("the scores are clamped before the scale or softcap is applied")
+        inner = _parse_scores(node.inputs[i], depth + 1, above)
+        if not inner.masks:
+            raise Reject(f"the scores are clamped below ({node.name}) with no mask before the clamp")
+        term = MaskTerm("clamp", node.inputs[1 - i], node, node.inputs[i], fill=bound, in_bmm=inner.unview is not None)
+        return dataclasses.replace(inner, masks=inner.masks + (term,), internal=inner.internal + (node.inputs[i],))
     if kind == "Reshape":
-        if "view" in above:
-            raise Reject("two Reshapes between the QK MatMul and the Softmax")
-        inner = _parse_scores(node.inputs[0], depth + 1, above | {"view"})
+        # One Reshape: the head view (the Softmax in the (B, H, Sq, Sk) frame). Two: the view and,
+        # nearer the Softmax, the view back to (B*H, Sq, Sk) (the Softmax in the bmm frame).
+        if "unview" in above:
+            raise Reject("three Reshapes between the QK MatMul and the Softmax")
+        inner = _parse_scores(node.inputs[0], depth + 1, above | {"unview" if "view" in above else "view"})
+        if inner.view is not None:
+            return dataclasses.replace(inner, unview=node, internal=inner.internal + (node.inputs[0],))
         masks = tuple(dataclasses.replace(term, in_bmm=True) for term in inner.masks)
         return dataclasses.replace(inner, view=node, masks=masks, internal=inner.internal + (node.inputs[0],))
     raise Reject(f"unsupported op {kind} ({node.name}) between the QK MatMul and the Softmax")
 
 
-def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool, ir.Node | None]:
+def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool, tuple]:
     """Softmax output -> [NaN guard | Cast | Dropout | Identity | Reshape]* -> MatMul input 0.
-    Returns (pv MatMul, casts, internal values, nan_guard, the Reshape if any). Shape nodes that
-    read a value on the way are passed over here; check() allows them only into the views'
+    Returns (pv MatMul, casts, internal values, nan_guard, the Reshapes, at most two). Shape nodes
+    that read a value on the way are passed over here; check() allows them only into the views'
     target shapes."""
     value = softmax.outputs[0]
-    casts, internal, guard, unview = [], [], False, None
+    casts, internal, guard, reshapes = [], [], False, []
     for _ in range(_MAX_DEPTH):
         if value.is_graph_output():
             raise Reject("the attention probabilities are a graph output")
@@ -384,13 +420,13 @@ def _walk_after_softmax(softmax: ir.Node) -> tuple[ir.Node, list, list, bool, ir
         if node.op_type == "MatMul":
             if node.inputs[0] is not value:
                 raise Reject("the probabilities are the second MatMul input (P must multiply V from the left)")
-            return node, casts, internal, guard, unview
+            return node, casts, internal, guard, tuple(reshapes)
         if node.op_type == "Cast":
             casts.append(node)
         elif node.op_type == "Reshape":
-            if unview is not None:
-                raise Reject("two Reshapes between the Softmax and the MatMul with V")
-            unview = node
+            if len(reshapes) == 2:
+                raise Reject("three Reshapes between the Softmax and the MatMul with V")
+            reshapes.append(node)
         elif node.op_type == "Dropout":
             if node.attributes.get_int("is_test", 1) == 0:  # opset <= 6: is_test=0 is training mode
                 raise Reject("Dropout after the Softmax runs in training mode (is_test=0)")
@@ -430,7 +466,7 @@ def _nearest_matmul(value: ir.Value, depth: int = 6) -> ir.Node | None:
 def pattern(softmax: ir.Node) -> Match:
     """The attention subgraph around `softmax`, structurally. Raises Reject with a reason."""
     try:
-        pv, post_casts, post_internal, guard, unview = _walk_after_softmax(softmax)
+        pv, post_casts, post_internal, guard, post_views = _walk_after_softmax(softmax)
     except Reject as exc:
         exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax)
         raise
@@ -439,6 +475,18 @@ def pattern(softmax: ir.Node) -> Match:
     except Reject as exc:
         exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax, pv)
         raise
+    # Where the scores are reshaped: once before the Softmax and once after it (the head view), or
+    # twice before it (viewed and back) with nothing or a pair that cancels after it.
+    in_bmm = scores.unview is not None
+    if len(post_views) == 2 and not in_bmm:
+        exc = Reject("two Reshapes between the Softmax and the MatMul with V")
+        exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax, pv)
+        raise exc
+    if in_bmm and len(post_views) == 1:
+        exc = Reject("the scores are reshaped back before the Softmax and again after it")
+        exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax, pv)
+        raise exc
+    unview = scores.unview if in_bmm else (post_views[0] if post_views else None)
     qk = scores.qk
     q, q_scale = _strip_scale(qk.inputs[0])
     k_base, k_perm, k_scale = _strip_k(qk.inputs[1])
@@ -447,7 +495,8 @@ def pattern(softmax: ir.Node) -> Match:
         softmax=softmax, qk=qk, pv=pv, q=q, k_base=k_base, k_perm=k_perm, v=pv.inputs[1],
         scale=scale, softcap=scores.softcap, masks=list(scores.masks), pre_casts=list(scores.casts),
         post_casts=post_casts, internal=[qk.outputs[0], *scores.internal, softmax.inputs[0], *post_internal],
-        nan_guard=guard, view=scores.view, unview=unview,
+        nan_guard=guard, view=scores.view, unview=unview, softmax_in_bmm=in_bmm,
+        post_views=post_views if in_bmm else (),
     )
 
 
@@ -568,12 +617,14 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
     view_dims = _head_view(m, shapes, opset) if m.view is not None or m.unview is not None else None
     if view_dims is not None and r != 3:
         raise Reject("the scores are reshaped around the Softmax, but Q is not a batched-matmul (N, S, D) tensor")
-    if not _softmax_axis_ok(m.softmax, 4 if view_dims is not None else r, opset):
+    if m.post_views:
+        _check_cancelling(m.post_views, shapes)
+    if not _softmax_axis_ok(m.softmax, 4 if view_dims is not None and not m.softmax_in_bmm else r, opset):
         raise Reject(f"Softmax axis {m.softmax.attributes.get_int('axis', -1 if opset >= 13 else 1)} is not the "
                      f"key axis (opset {opset})")
     # Internal values must feed only the chain (and, with a head view, Shape reads that only
     # compute the views' targets).
-    views = (m.view, m.unview) if view_dims is not None else ()
+    views = (m.view, m.unview, *m.post_views) if view_dims is not None else ()
     for value in m.internal:
         if value.is_graph_output():
             raise Reject(f"intermediate {value.name} is a graph output")
@@ -634,6 +685,8 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         if so is None or ssrc is None or len(so) != len(ssrc) or not all(same_dim(a, b) for a, b in zip(so, ssrc)):
             raise Reject(f"cannot prove the mask of {term.node.name} does not broadcast the scores to a larger "
                          f"shape: scores {_shape_str(shapes, src)}, result {_shape_str(shapes, out)}")
+        if term.kind == "clamp":
+            continue  # a scalar bound of the scores' own type (Max takes one type)
         mr = rank(shapes, term.value)
         if mr is None or mr < contract.MIN_MASK_RANK:
             raise Reject(f"mask {term.value.name} has rank {mr}; FusedAttention takes rank 2 to 4")
@@ -648,7 +701,8 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         k = m.k_base if rank(shapes, m.k_base) == 3 and is_identity_perm(m.k_perm) else kt
         lift = ()
         if view_dims is not None:
-            lift = tuple(i for i, term in enumerate(m.masks) if term.in_bmm and _needs_view(term, scores, shapes))
+            lift = tuple(i for i, term in enumerate(m.masks)
+                         if term.in_bmm and term.kind != "clamp" and _needs_view(term, scores, shapes))
         return Plan(k=k, k_perm=SWAP_LAST, v=m.v, n_rep=1, dtype=t, rank3=True, opset=opset, upcast_qk=upcast_qk,
                     view_dims=view_dims, lift_masks=lift)
     # K layout and repeat-kv.
@@ -666,6 +720,18 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
                 upcast_qk=upcast_qk)
     plan.three_d, plan.three_d_why_not = _three_d(m, plan, shapes)
     return plan
+
+
+def _check_cancelling(pair: tuple, shapes: dict) -> None:
+    """Proves that two Reshapes in a row, (N, Sq, Sk) -> (d0, d1, Sq, Sk) -> (N, Sq, Sk), give back
+    their input's shape: a Reshape moves no data, so the pair is then the identity."""
+    first, second = pair
+    a, b, c = (shapes.get(x.name) for x in (first.inputs[0], first.outputs[0], second.outputs[0]))
+    if (a is None or b is None or c is None or (len(a), len(b), len(c)) != (3, 4, 3)
+            or not all(same_dim(x, y) for x, y in zip(a, c))):
+        raise Reject(f"cannot prove the Reshapes after the Softmax ({first.name}, {second.name}) view the probabilities "
+                     f"as (B, H, Sq, Sk) and back: {_shape_str(shapes, first.inputs[0])} -> "
+                     f"{_shape_str(shapes, first.outputs[0])} -> {_shape_str(shapes, second.outputs[0])}")
 
 
 def _needs_view(term: MaskTerm, scores: ir.Value, shapes: dict) -> bool:
@@ -763,6 +829,9 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
 def details(match: Match, plan: Plan) -> dict:
     kinds = []
     for t in match.masks:
+        if t.kind == "clamp":
+            kinds.append(f"clamp {t.fill:g}")
+            continue
         kinds.append("additive" if t.kind == "add" else ("bool" if t.fill is None else f"where-fill {t.fill:g}"))
     return {
         "scale": float(np.float32(match.scale)),

@@ -422,6 +422,80 @@ def test_head_views_that_are_not_provable_are_left(kind, reason):
     _left_with_reason(_head_view_graph(kind), reason)
 
 
+def _softmax_in_bmm_graph(kind="xglm", B=2, H=3, S=5, Sk=6):
+    """fairseq-style code (XGLM; older BART, OPT and M2M100 exports): bmm scores viewed as
+    (B, H, S, Sk) for the padding mask, clamped at finfo.min, viewed back to (B*H, S, Sk) for the
+    Softmax, and the probabilities viewed as (B, H, S, Sk) and back before P V."""
+    from attention_graphs import G
+
+    g = G(17)
+    n = B * H
+    q = g.inp("q", F32, [n, S, D])
+    k, v = g.inp("k", F32, [n, Sk, D]), g.inp("v", F32, [n, Sk, D])
+    mask = g.inp("mask", F32, [B, 1, S, Sk])
+    rel = g.inp("rel", F32, [n, S, Sk]) if kind == "bmm_term_after" else None
+    s = g.op("MatMul", g.op("Mul", q, g.const(0.3)), g.op("Transpose", k, perm=[0, 2, 1]), name="/attn/MatMul_qk")
+    s4 = g.op("Reshape", s, g.const([B, H, S, Sk], np.int64), name="/attn/Reshape_view")
+    s4 = g.op("Add", s4, mask)
+    if kind != "no_clamp":
+        bound = {"small_clamp": -1e4}.get(kind, np.finfo(np.float32).min)
+        s4 = g.op("Max", s4, g.constant_node(bound), name="/attn/Max_clamp")
+    s3 = g.op("Reshape", s4, g.const([n, S, Sk], np.int64), name="/attn/Reshape_back")
+    if kind == "bmm_term_after":
+        s3 = g.op("Add", s3, rel)
+    p = g.op("Softmax", s3, axis=-1, name="/attn/Softmax")
+    if kind != "no_post_pair":
+        p = g.op("Reshape", p, g.const([B, H, S, Sk], np.int64))
+        p = g.op("Reshape", p, g.const([n, S, Sk], np.int64))
+    g.op("MatMul", p, v, name="/attn/MatMul_pv")
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [n, S, D])
+    return g.model()
+
+
+@pytest.mark.parametrize("kind", ["xglm", "no_post_pair", "no_clamp", "bmm_term_after"])
+def test_softmax_in_the_bmm_frame_between_head_views(kind):
+    """The mask in the (B, H, S, Sk) view, the Softmax back in the (B*H, S, Sk) frame. The clamp
+    Max(s + m, finfo.min) becomes the mask's own clamp Max(m, finfo.min): a row whose mask is -inf
+    at every key attends uniformly in the original (all finfo.min after the clamp), and must in
+    the fused model too, where an unclamped -inf row would give zeros."""
+    model = _softmax_in_bmm_graph(kind)
+    out, node, report = _fused_one(model)
+    details = report.candidates[0].details
+    assert details["batched_matmul_3d"] is True and details["bmm_head_view"] is True
+    assert ("clamp -3.40282e+38" in details["masks"]) == (kind != "no_clamp")
+    assert attrs(node)["scale"] == pytest.approx(0.3)
+    assert not [n for n in out.graph.node if n.op_type == "Max" and n.name == "/attn/Max_clamp"]
+    feeds = random_feeds(model)
+    fmin = np.finfo(np.float32).min
+    feeds["mask"] = np.where(np.random.default_rng(1).random(feeds["mask"].shape) < 0.3, fmin, 0.0).astype(np.float32)
+    feeds["mask"][0, 0, 1, :] = fmin  # fully masked by finfo.min: uniform in both
+    feeds["mask"][0, 0, 2, 3] = -np.inf  # one key at -inf
+    if kind != "no_clamp":
+        feeds["mask"][1, 0, 3, :] = -np.inf  # fully masked by -inf: uniform through the clamp
+    assert_same_outputs(model, out, feeds)
+
+
+@pytest.mark.parametrize("kind,reason", [
+    ("small_clamp", "clamped below at -10000"),
+])
+def test_clamps_that_do_not_fold_are_left(kind, reason):
+    _left_with_reason(_softmax_in_bmm_graph(kind), reason)
+
+
+def test_a_clamp_without_a_mask_is_left():
+    from attention_graphs import G
+
+    g = G(17)
+    q, k, v = (g.inp(x, F32, [2, 4, 5, D]) for x in "qkv")
+    s = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]))
+    s = g.op("Max", s, g.const(np.finfo(np.float32).min))
+    g.op("MatMul", g.op("Softmax", s, axis=-1), v)
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [2, 4, 5, D])
+    _left_with_reason(g.model(), "no mask before the clamp")
+
+
 def test_additive_padding_under_a_finfo_min_where_keeps_fully_masked_rows():
     """An additive finfo.min padding term and a Where filling finfo.min on the same keys: the
     original's Where replaces the padded scores, so a row the Where masks entirely attends
