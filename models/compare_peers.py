@@ -31,7 +31,10 @@ HEADS_HIDDEN = {"bert": (4, 32), "gpt2": (4, 32), "llama": (4, 32), "llama_gqa":
                 "roberta": (4, 32), "distilbert": (4, 32), "clip_text": (4, 32), "falcon_mqa": (4, 32),
                 "deberta_v3": (4, 32), "bloom_alibi": (4, 32), "gpt_bigcode_mqa": (4, 32), "gptj": (4, 32),
                 "albert": (4, 32), "electra": (4, 32), "marian": (4, 32), "dinov2": (4, 32),
-                "beit": (4, 32), "swin": (2, 16), "qwen3": (4, 32), "gemma3_text": (4, 32), "modernbert": (4, 32)}
+                "beit": (4, 32), "swin": (2, 16), "qwen3": (4, 32), "gemma3_text": (4, 32), "modernbert": (4, 32),
+                **{f: (4, 32) for f in ("bart", "pegasus", "m2m100", "xglm", "biogpt", "phi", "stablelm", "starcoder2",
+                                        "olmo2", "granite", "gpt_neo", "codegen", "mpt", "xlm_roberta", "mobilebert",
+                                        "mpnet", "bigbird", "layoutlm", "clip_vision", "siglip_vision")}}
 # The optimizer's own type where it has one for the family, else the closest (gpt2 for decoders,
 # bert for encoders).
 ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "llama": "gpt2", "llama_gqa": "gpt2",
@@ -40,7 +43,11 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "distilbert": "bert", "clip_text": "clip", "falcon_mqa": "gpt2", "deberta_v3": "bert",
                   "bloom_alibi": "gpt2", "gpt_bigcode_mqa": "gpt2", "gptj": "gpt2", "albert": "bert", "electra": "bert",
                   "marian": "bart", "dinov2": "vit",
-                  "beit": "vit", "swin": "swin", "qwen3": "qwen3", "gemma3_text": "gpt2", "modernbert": "bert"}
+                  "beit": "vit", "swin": "swin", "qwen3": "qwen3", "gemma3_text": "gpt2", "modernbert": "bert",
+                  "bart": "bart", "pegasus": "bart", "m2m100": "bart", "xglm": "gpt2", "biogpt": "gpt2", "phi": "phi",
+                  "stablelm": "gpt2", "starcoder2": "gpt2", "olmo2": "gpt2", "granite": "gpt2", "gpt_neo": "gpt2",
+                  "codegen": "gpt2", "mpt": "gpt2", "xlm_roberta": "bert", "mobilebert": "bert", "mpnet": "bert",
+                  "bigbird": "bert", "layoutlm": "bert", "clip_vision": "clip", "siglip_vision": "vit"}
 
 
 def _quiet():

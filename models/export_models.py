@@ -198,6 +198,12 @@ def _hf(config: str, model: str, tail=None, model_kwargs: dict | None = None, **
 
 _TINY = dict(vocab_size=100, num_hidden_layers=2)  # most text families' common config
 _TINY_DEC = dict(_TINY, max_position_embeddings=64, use_cache=False)  # decoders
+_SMALL_DEC = dict(_TINY_DEC, hidden_size=32, num_attention_heads=4, intermediate_size=64)  # llama-like decoders
+_SMALL_ENC = dict(_TINY, hidden_size=32, num_attention_heads=4, intermediate_size=64)  # bert-like encoders
+_SEQ2SEQ = dict(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                pad_token_id=0, decoder_start_token_id=0, use_cache=False)  # bart-like encoder-decoders
+_NO_POOLER = {"add_pooling_layer": False}
 
 SPECS = {
     s.name: s
@@ -298,6 +304,62 @@ SPECS = {
                                global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                cls_token_id=1, sep_token_id=2, **_TINY),
              2, "ModernBERT encoder: local and global layers, rotary"),
+        Spec("bart", _hf("BartConfig", "BartModel", tail=_encoder_decoder, **_SEQ2SEQ),
+             6, "BART encoder-decoder: causal, cross attention"),
+        Spec("pegasus", _hf("PegasusConfig", "PegasusModel", tail=_encoder_decoder, **_SEQ2SEQ),
+             6, "Pegasus encoder-decoder: sinusoidal positions, cross attention"),
+        Spec("m2m100", _hf("M2M100Config", "M2M100Model", tail=_encoder_decoder, **_SEQ2SEQ),
+             6, "M2M100 / NLLB encoder-decoder: cross attention"),
+        # XGLM (fairseq-style attention): the mask added in a (B, H, S, S) view of the bmm scores,
+        # clamped at finfo.min, the Softmax back in the (B*H, S, S) frame; eager attention only
+        Spec("xglm", _hf("XGLMConfig", "XGLMModel", vocab_size=100, d_model=32, num_layers=2, attention_heads=4,
+                         ffn_dim=64, max_position_embeddings=64, use_cache=False),
+             2, "XGLM decoder: the mask in a head view, clamped at finfo.min", attns=("eager",)),
+        Spec("biogpt", _hf("BioGptConfig", "BioGptModel", **_SMALL_DEC), 2, "BioGPT decoder, causal + padding mask"),
+        Spec("phi", _hf("PhiConfig", "PhiModel", **_SMALL_DEC), 2, "Phi-2 decoder, partial rotary"),
+        Spec("stablelm", _hf("StableLmConfig", "StableLmModel", num_key_value_heads=2, **_SMALL_DEC),
+             2, "StableLM decoder, partial rotary, GQA 4 / 2"),
+        Spec("starcoder2", _hf("Starcoder2Config", "Starcoder2Model", num_key_value_heads=2, **_SMALL_DEC),
+             2, "StarCoder2 decoder, GQA 4 / 2"),
+        Spec("olmo2", _hf("Olmo2Config", "Olmo2Model", num_key_value_heads=2, **_SMALL_DEC),
+             2, "OLMo 2 decoder: Q / K norms over all heads, GQA 4 / 2"),
+        Spec("granite", _hf("GraniteConfig", "GraniteModel", num_key_value_heads=2, attention_multiplier=0.3,
+                            **_SMALL_DEC),
+             2, "Granite decoder: a configured attention scale (0.3), GQA 4 / 2"),
+        # GPT-Neo: unscaled scores, a local (windowed) layer after a global one; eager attention only
+        Spec("gpt_neo", _hf("GPTNeoConfig", "GPTNeoModel", vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,
+                            attention_types=[[["global", "local"], 1]], window_size=4, max_position_embeddings=64,
+                            use_cache=False),
+             2, "GPT-Neo decoder: unscaled scores, global and local layers", attns=("eager",)),
+        Spec("codegen", _hf("CodeGenConfig", "CodeGenModel", vocab_size=100, n_embd=32, n_layer=2, n_head=4,
+                            n_positions=64, rotary_dim=4, use_cache=False),
+             2, "CodeGen decoder, fused QKV projection, partial rotary"),
+        # MPT: ALiBi biases added in the (B, H, S, S) frame; eager attention only
+        Spec("mpt", _hf("MptConfig", "MptModel", vocab_size=100, d_model=32, n_layers=2, n_heads=4, expansion_ratio=2,
+                        max_seq_len=64, use_cache=False),
+             2, "MPT decoder: ALiBi biases", attns=("eager",)),
+        Spec("xlm_roberta", _hf("XLMRobertaConfig", "XLMRobertaModel", model_kwargs=_NO_POOLER,
+                                max_position_embeddings=70, **_SMALL_ENC),
+             2, "XLM-RoBERTa encoder, padding mask"),
+        Spec("mobilebert", _hf("MobileBertConfig", "MobileBertModel", model_kwargs=_NO_POOLER, embedding_size=16,
+                               intra_bottleneck_size=32, true_hidden_size=32, max_position_embeddings=64, **_SMALL_ENC),
+             2, "MobileBERT encoder: bottleneck projections"),
+        # MPNet: a relative position bias added to the scores; eager attention only
+        Spec("mpnet", _hf("MPNetConfig", "MPNetModel", model_kwargs=_NO_POOLER, max_position_embeddings=70, **_SMALL_ENC),
+             2, "MPNet encoder: relative position bias", attns=("eager",)),
+        # BigBird in full attention (its block-sparse mode is not one attention product); eager only
+        Spec("bigbird", _hf("BigBirdConfig", "BigBirdModel", model_kwargs=_NO_POOLER, max_position_embeddings=64,
+                            attention_type="original_full", **_SMALL_ENC),
+             2, "BigBird encoder (full attention)", attns=("eager",)),
+        Spec("layoutlm", _hf("LayoutLMConfig", "LayoutLMModel", max_position_embeddings=64, **_SMALL_ENC),
+             2, "LayoutLM encoder (text and layout embeddings)"),
+        Spec("clip_vision", _hf("CLIPVisionConfig", "CLIPVisionModel", tail=_image_model, image_size=32, patch_size=8,
+                                hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+             2, "CLIP vision encoder"),
+        Spec("siglip_vision", _hf("SiglipVisionConfig", "SiglipVisionModel", tail=_image_model, image_size=32,
+                                  patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64),
+             2, "SigLIP vision encoder"),
     )
 }
 
