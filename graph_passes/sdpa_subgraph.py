@@ -463,6 +463,19 @@ def _nearest_matmul(value: ir.Value, depth: int = 6) -> ir.Node | None:
     return None
 
 
+def _place_views(scores: _Scores, post_views: tuple) -> tuple[ir.Node | None, tuple]:
+    """Where the scores are reshaped: once before the Softmax and once after it (the head view), or
+    twice before it (viewed and back) with nothing or a pair that cancels after it. Returns (the
+    Reshape back to (B*H, Sq, Sk), the cancelling pair after the Softmax)."""
+    if scores.unview is None:
+        if len(post_views) == 2:
+            raise Reject("two Reshapes between the Softmax and the MatMul with V")
+        return (post_views[0] if post_views else None), ()
+    if len(post_views) == 1:
+        raise Reject("the scores are reshaped back before the Softmax and again after it")
+    return scores.unview, post_views
+
+
 def pattern(softmax: ir.Node) -> Match:
     """The attention subgraph around `softmax`, structurally. Raises Reject with a reason."""
     try:
@@ -472,21 +485,10 @@ def pattern(softmax: ir.Node) -> Match:
         raise
     try:
         scores = _parse_scores(softmax.inputs[0], 0, frozenset())
+        unview, cancelling = _place_views(scores, post_views)
     except Reject as exc:
         exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax, pv)
         raise
-    # Where the scores are reshaped: once before the Softmax and once after it (the head view), or
-    # twice before it (viewed and back) with nothing or a pair that cancels after it.
-    in_bmm = scores.unview is not None
-    if len(post_views) == 2 and not in_bmm:
-        exc = Reject("two Reshapes between the Softmax and the MatMul with V")
-        exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax, pv)
-        raise exc
-    if in_bmm and len(post_views) == 1:
-        exc = Reject("the scores are reshaped back before the Softmax and again after it")
-        exc.nodes = _names(_nearest_matmul(softmax.inputs[0]), softmax, pv)
-        raise exc
-    unview = scores.unview if in_bmm else (post_views[0] if post_views else None)
     qk = scores.qk
     q, q_scale = _strip_scale(qk.inputs[0])
     k_base, k_perm, k_scale = _strip_k(qk.inputs[1])
@@ -495,8 +497,8 @@ def pattern(softmax: ir.Node) -> Match:
         softmax=softmax, qk=qk, pv=pv, q=q, k_base=k_base, k_perm=k_perm, v=pv.inputs[1],
         scale=scale, softcap=scores.softcap, masks=list(scores.masks), pre_casts=list(scores.casts),
         post_casts=post_casts, internal=[qk.outputs[0], *scores.internal, softmax.inputs[0], *post_internal],
-        nan_guard=guard, view=scores.view, unview=unview, softmax_in_bmm=in_bmm,
-        post_views=post_views if in_bmm else (),
+        nan_guard=guard, view=scores.view, unview=unview, softmax_in_bmm=scores.unview is not None,
+        post_views=cancelling,
     )
 
 

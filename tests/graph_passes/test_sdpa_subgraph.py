@@ -440,11 +440,15 @@ def _softmax_in_bmm_graph(kind="xglm", B=2, H=3, S=5, Sk=6):
     if kind != "no_clamp":
         bound = {"small_clamp": -1e4}.get(kind, np.finfo(np.float32).min)
         s4 = g.op("Max", s4, g.constant_node(bound), name="/attn/Max_clamp")
-    s3 = g.op("Reshape", s4, g.const([n, S, Sk], np.int64), name="/attn/Reshape_back")
+    s3 = s4 if kind == "softmax_in_view" else g.op("Reshape", s4, g.const([n, S, Sk], np.int64), name="/attn/Reshape_back")
     if kind == "bmm_term_after":
         s3 = g.op("Add", s3, rel)
     p = g.op("Softmax", s3, axis=-1, name="/attn/Softmax")
-    if kind != "no_post_pair":
+    if kind == "one_post_reshape":  # viewed back before the Softmax, and a (no-op) Reshape after it
+        p = g.op("Reshape", p, g.const([n, S, Sk], np.int64))
+    elif kind == "softmax_in_view":  # the Softmax in the view, then two Reshapes back
+        p = g.op("Reshape", g.op("Reshape", p, g.const([n, S, Sk], np.int64)), g.const([n, S, Sk], np.int64))
+    elif kind != "no_post_pair":
         p = g.op("Reshape", p, g.const([B, H, S, Sk], np.int64))
         p = g.op("Reshape", p, g.const([n, S, Sk], np.int64))
     g.op("MatMul", p, v, name="/attn/MatMul_pv")
@@ -478,6 +482,8 @@ def test_softmax_in_the_bmm_frame_between_head_views(kind):
 
 @pytest.mark.parametrize("kind,reason", [
     ("small_clamp", "clamped below at -10000"),
+    ("one_post_reshape", "reshaped back before the Softmax and again after it"),
+    ("softmax_in_view", "two Reshapes between the Softmax and the MatMul with V"),
 ])
 def test_clamps_that_do_not_fold_are_left(kind, reason):
     _left_with_reason(_softmax_in_bmm_graph(kind), reason)
