@@ -49,19 +49,6 @@ constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 #endif
 constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
 
-// The chain's output copied out by the producer warpgroup's idle warp through the load/store path
-// (OPSFUSE_HOPPER_PRODUCER_COPY=1, compile time, A/B; kPlainChain only): each consumer warpgroup
-// stages its rows as before and arrives on an mbarrier; the producer's fourth warp copies them to
-// global memory with 16-byte shared loads and global stores, then releases the buffer on a second
-// mbarrier. No TMA store, no proxy fence, no warpgroup barrier in the consumers' epilogue. Why
-// (docs/notes/cuda_kernel.md, sessions 35, 36, 39): the chain loses ~1,000 clocks per item to its
-// output's TMA stores whoever issues them (the producer-issued TMA store measured the same), and
-// the consumers' own 16-byte copies stalled them; this keeps the output off both the TMA unit's
-// queue, ahead of the next K/V loads, and the consumers.
-#ifndef OPSFUSE_HOPPER_PRODUCER_COPY
-#define OPSFUSE_HOPPER_PRODUCER_COPY 0
-#endif
-
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups

@@ -138,8 +138,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kSplitWG = kMode == kPlainSplit;
   constexpr bool kChain = kMode == kPlainChain;
   constexpr bool kSeqWide = kMode == kPlainSeqWide;
-  // hopper_config.h's OPSFUSE_HOPPER_PRODUCER_COPY (kPlainChain: D = 128, persistent, unsplit).
-  constexpr bool kProducerCopy = OPSFUSE_HOPPER_PRODUCER_COPY != 0 && kChain;
   constexpr bool kSeq = kMode == kPlainSeq || kSeqWide;
   static_assert(!kSeq || kD <= 128, "kPlainSeq: compiled at D = 64 and 128 only");
   static_assert(!kSeqWide || kD == 64, "kPlainSeqWide: compiled at D = 64 only");
@@ -160,11 +158,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
   __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
   __shared__ int4 work_slot[kQBuffers][2];  // round r's Work for the consumers (publish_work)
-  // kProducerCopy: per consumer warpgroup cw, "rows staged" (its 4 warps arrive) and "buffer read"
-  // (the copy warp arrives) barriers, and the staged rows' coordinates (first row, head, batch;
-  // w = 1: the warpgroup has no more items).
-  __shared__ __align__(8) uint64_t obars[kProducerCopy ? 4 : 1];
-  __shared__ int4 oslot[kProducerCopy ? 2 : 1];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
@@ -183,8 +176,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // completes (the scheduler thread's arrive, see the producer).
   auto bar_sched = [&](int r) { return smem_u32(&bars[4 * kStages + 2 * kQBuffers + r % kQBuffers]); };
   auto q_parity = [&](int r) { return static_cast<uint32_t>((r / kQBuffers) & 1); };
-  auto bar_ofull = [&](int cw_) { return smem_u32(&obars[cw_]); };
-  auto bar_oempty = [&](int cw_) { return smem_u32(&obars[2 + cw_]); };
 
   // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
   // (K/V reuse in L2), heaviest (causal) first. n_work items in all: one per block unless the
@@ -381,12 +372,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bar_kempty(s), kConsumerWarps);
       mbar_init(bar_vempty(s), kConsumerWarps);
     }
-    if constexpr (kProducerCopy) {
-      for (int c = 0; c < 2; ++c) {
-        mbar_init(bar_ofull(c), kConsumerWarps / 2);
-        mbar_init(bar_oempty(c), 1);
-      }
-    }
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -441,45 +426,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive(bar_q(round));
         if (kEarlyQHere && round > 0 && w >= n_work) mbar_arrive(bar_q(round));  // the loading thread's share
         if (w >= n_work) break;
-      }
-    }
-    // kProducerCopy: the fourth warp copies each item's staged rows to Y, warpgroup 0's then 1's (both
-    // stage the same items in the same order), and releases each buffer once it has read it. Lane l
-    // takes 16-byte chunk l % 16 of rows l / 16, + 2, ... (a half warp writes one 256-byte row).
-    if (kProducerCopy && tid >= 96) {
-      const int cl = tid - 96, chunk = cl & 7, half = cl >> 4;
-      const int col = ((cl >> 3) & 1) * 64 + chunk * 8;
-      // Warpgroup c's staged rows out (the swizzle moved chunk k of row r to k ^ (r % 8)), then its
-      // buffer released.
-      auto copy_rows = [&](int c) {
-        const volatile int4& slot = oslot[c];
-        const int row_first = slot.x;
-        const int rows = min(64, a.seq_q - row_first);
-        T* dst = static_cast<T*>(a.y) + slot.z * a.y_stride[0] + slot.y * a.y_stride[1] +
-                 static_cast<int64_t>(row_first + half) * a.y_stride[2] + col;
-        const uint32_t src = sO + c * 64 * 128 + ((cl >> 3) & 1) * (kBM * 128);
-#pragma unroll 1
-        for (int r = half; r < rows; r += 2, dst += 2 * a.y_stride[2]) {
-          uint32_t v0, v1, v2, v3;
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-                       : "r"(src + r * 128 + ((chunk ^ (r & 7)) << 4))
-                       : "memory");
-          if (col < a.head_dim_v)  // whole chunks: launch_hopper chains only Dv % 8 == 0 with this copy
-            asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(v0), "r"(v1), "r"(v2), "r"(v3)
-                         : "memory");
-        }
-        __syncwarp();
-        if (cl == 0) mbar_arrive(bar_oempty(c));
-      };
-      // Both warpgroups stage the same items in the same order and end together: warpgroup 0's end
-      // marker comes after warpgroup 1's last rows were copied.
-      for (uint32_t n = 0;; ++n) {
-        mbar_wait(bar_ofull(0), n & 1);
-        if (oslot[0].w != 0) break;
-        copy_rows(0);
-        mbar_wait(bar_ofull(1), n & 1);
-        copy_rows(1);
       }
     }
     if (tid == 0) {
@@ -541,8 +487,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
-  // kProducerCopy: the items this warpgroup has staged (the parity of its buffer's releases).
-  [[maybe_unused]] int n_staged = 0;
   // This consumer warpgroup's 128 threads meet (named barrier 4 + cw). Immediates: a register
   // barrier id would make ptxas reserve all 16.
   auto wg_sync = [&]() {
@@ -943,8 +887,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 8 rows over all 32 banks), then one thread stores each 64-column region with TMA (rows >= Sq
     // and columns >= Dv are clipped by the tensor map). Named barrier 4 + cw; the previous item's
     // stores must have read the buffer first.
-    auto stage_rows = [&](const float (&lp)[2]) {
+    auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
       const uint32_t so = sO + cw * 64 * 128;
+      if (t == 0) bulk_wait_read();
+      wg_sync();
       // kPlainSeqWide: the thread's lane read again here (volatile: not hoisted), so that ptxas does
       // not compute the 16 store addresses ahead of the key loop and keep them there (with them the
       // wide step's wgmmas were serialized, C7512).
@@ -966,29 +912,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                        : "memory");
         }
       }
-      if constexpr (!kProducerCopy) fence_proxy_async_smem();  // for the TMA store (async proxy)
-    };
-    auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
-      if constexpr (kProducerCopy) {
-        // The copy warp has read the buffer's previous rows (its release), then the rows, and one
-        // arrive per warp (lane 0's, after the warp's __syncwarp).
-        if (n_staged > 0) mbar_wait(bar_oempty(cw), (n_staged - 1) & 1);
-        ++n_staged;
-        stage_rows(lp);
-        if (t == 0) oslot[cw] = make_int4(row0_ + cw * 64, h_, b_, 0);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_ofull(cw));
-      } else {
-        const uint32_t so = sO + cw * 64 * 128;
-        if (t == 0) bulk_wait_read();
-        wg_sync();
-        stage_rows(lp);
-        wg_sync();
-        if (t == 0) {
+      fence_proxy_async_smem();
+      wg_sync();
+      if (t == 0) {
 #pragma unroll
-          for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
-          bulk_commit();
-        }
+        for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
+        bulk_commit();
       }
     };
 
@@ -1576,13 +1505,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The output tile's last TMA stores must have read it before the block (and its shared memory)
   // is gone; their global writes need no wait here: they complete before the grid does.
   if (Cfg::kOStage && tma_store && t == 0) bulk_wait_read();
-  if constexpr (kProducerCopy) {
-    // The copy warp's end: once it has read this warpgroup's last rows, a slot marked 1.
-    if (n_staged > 0) mbar_wait(bar_oempty(cw), (n_staged - 1) & 1);
-    if (t == 0) oslot[cw] = make_int4(0, 0, 0, 1);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_ofull(cw));
-  }
 }
 
 #undef OPSFUSE_HOPPER_STAMP

@@ -75,8 +75,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   if (kD == 128 && mode == hopper::kPlain && chain_tiles > 0 && plan.persistent > 0 &&
       blocks > plan.persistent && a.seq_k >= static_cast<int64_t>(chain_tiles) * Cfg::kBN &&
       plan.cluster == 1 && a.sk_count == nullptr && a.key_lengths == nullptr && a.q_bias == nullptr &&
-      a.v_bias == nullptr && tma_store && (a.causal == 0 || a.causal_offset >= 0) &&
-      (OPSFUSE_HOPPER_PRODUCER_COPY == 0 || a.head_dim_v % 8 == 0))  // the copy's whole 16-byte chunks
+      a.v_bias == nullptr && tma_store && (a.causal == 0 || a.causal_offset >= 0))
     mode = hopper::kPlainChain;
   // Short items in sequence (kPlainSeq, D <= 128): where every item has at most plan.seq_tiles key
   // tiles, each tile's S, softmax and P V run one after the other (no first tile of its own, no
