@@ -34,7 +34,10 @@ HEADS_HIDDEN = {"bert": (4, 32), "gpt2": (4, 32), "llama": (4, 32), "llama_gqa":
                 "beit": (4, 32), "swin": (2, 16), "qwen3": (4, 32), "gemma3_text": (4, 32), "modernbert": (4, 32),
                 **{f: (4, 32) for f in ("bart", "pegasus", "m2m100", "xglm", "biogpt", "phi", "stablelm", "starcoder2",
                                         "olmo2", "granite", "gpt_neo", "codegen", "mpt", "xlm_roberta", "mobilebert",
-                                        "mpnet", "bigbird", "layoutlm", "clip_vision", "siglip_vision")}}
+                                        "mpnet", "bigbird", "layoutlm", "clip_vision", "siglip_vision", "esm",
+                                        "nemotron", "persimmon", "glm", "smollm3", "exaone4", "olmo")},
+                # the vision pyramids' last stage (heads, width); LeViT's default config
+                "segformer": (2, 32), "pvt": (2, 32), "levit": (8, 384)}
 # The optimizer's own type where it has one for the family, else the closest (gpt2 for decoders,
 # bert for encoders).
 ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "llama": "gpt2", "llama_gqa": "gpt2",
@@ -47,7 +50,9 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "bart": "bart", "pegasus": "bart", "m2m100": "bart", "xglm": "gpt2", "biogpt": "gpt2", "phi": "phi",
                   "stablelm": "gpt2", "starcoder2": "gpt2", "olmo2": "gpt2", "granite": "gpt2", "gpt_neo": "gpt2",
                   "codegen": "gpt2", "mpt": "gpt2", "xlm_roberta": "bert", "mobilebert": "bert", "mpnet": "bert",
-                  "bigbird": "bert", "layoutlm": "bert", "clip_vision": "clip", "siglip_vision": "vit"}
+                  "bigbird": "bert", "layoutlm": "bert", "clip_vision": "clip", "siglip_vision": "vit",
+                  "segformer": "vit", "pvt": "vit", "levit": "vit", "esm": "bert", "nemotron": "gpt2",
+                  "persimmon": "gpt2", "glm": "gpt2", "smollm3": "gpt2", "exaone4": "gpt2", "olmo": "gpt2"}
 
 
 def _quiet():

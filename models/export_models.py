@@ -348,6 +348,40 @@ SPECS = {
                                   patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=64),
              2, "SigLIP vision encoder"),
+        # SegFormer / PVT: efficient attention, K and V from a sequence the layer reduced by a strided
+        # convolution (Sk = Sq / r^2 in the first stage), no mask
+        Spec("segformer", _hf("SegformerConfig", "SegformerModel", tail=_image_model, num_encoder_blocks=2,
+                              depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3],
+                              strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2]),
+             2, "SegFormer image encoder: spatial-reduction attention (fewer keys than queries)"),
+        Spec("pvt", _hf("PvtConfig", "PvtModel", tail=_image_model, image_size=32, num_encoder_blocks=2, depths=[1, 1],
+                        sequence_reduction_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[4, 2], strides=[4, 2],
+                        num_attention_heads=[1, 2], mlp_ratios=[2, 2]),
+             2, "PVT image encoder: spatial-reduction attention", attns=("eager",)),
+        # LeViT: per-head learned attention biases gathered by relative offsets; eager attention only
+        Spec("levit", _hf("LevitConfig", "LevitModel", tail=_image_model, image_size=32),
+             14, "LeViT image encoder: learned attention biases, subsampling attention", attns=("eager",)),
+        # ESM: Q scaled before the product, rotary positions, padding mask
+        Spec("esm", _hf("EsmConfig", "EsmModel", model_kwargs=_NO_POOLER, pad_token_id=1, mask_token_id=99,
+                        position_embedding_type="rotary", max_position_embeddings=64, **_SMALL_ENC),
+             2, "ESM protein encoder: pre-scaled Q, rotary, padding mask"),
+        Spec("nemotron", _hf("NemotronConfig", "NemotronModel", num_key_value_heads=2, partial_rotary_factor=0.5,
+                             **_SMALL_DEC),
+             2, "Nemotron decoder: partial rotary, GQA 4 / 2"),
+        Spec("persimmon", _hf("PersimmonConfig", "PersimmonModel", qk_layernorm=True, partial_rotary_factor=0.5,
+                              **_SMALL_DEC),
+             2, "Persimmon decoder: Q / K layer norms, partial rotary"),
+        Spec("glm", _hf("GlmConfig", "GlmModel", num_key_value_heads=2, head_dim=8, pad_token_id=0, bos_token_id=1,
+                        eos_token_id=2, **_SMALL_DEC),
+             2, "GLM decoder: interleaved partial rotary, GQA 4 / 2"),
+        Spec("smollm3", _hf("SmolLM3Config", "SmolLM3Model", num_key_value_heads=2, no_rope_layer_interval=2,
+                            pad_token_id=0, bos_token_id=1, eos_token_id=2, **_SMALL_DEC),
+             2, "SmolLM3 decoder: every other layer without rotary (NoPE), GQA 4 / 2"),
+        Spec("exaone4", _hf("Exaone4Config", "Exaone4Model", num_key_value_heads=2, sliding_window=8,
+                            sliding_window_pattern=2, **_SMALL_DEC),
+             2, "EXAONE 4 decoder: sliding-window and global layers, Q / K norms, GQA 4 / 2"),
+        Spec("olmo", _hf("OlmoConfig", "OlmoModel", pad_token_id=0, eos_token_id=2, **_SMALL_DEC),
+             2, "OLMo decoder: non-parametric layer norms"),
     )
 }
 
