@@ -42,6 +42,7 @@ class Spec:
     attention_layers: int
     description: str
     attns: tuple[str, ...] = ATTN_MODES  # the attention implementations transformers offers for it
+    other_softmaxes: int = 0  # Softmax nodes outside attention (ConvBERT's dynamic convolution kernels)
 
 
 def _wrap(model, input_names, output_getter):
@@ -382,6 +383,32 @@ SPECS = {
              2, "EXAONE 4 decoder: sliding-window and global layers, Q / K norms, GQA 4 / 2"),
         Spec("olmo", _hf("OlmoConfig", "OlmoModel", pad_token_id=0, eos_token_id=2, **_SMALL_DEC),
              2, "OLMo decoder: non-parametric layer norms"),
+        # PVT v2 with linear spatial reduction (average pooling to 7 x 7, then a convolution); eager only
+        Spec("pvt_v2", _hf("PvtV2Config", "PvtV2Model", tail=_image_model, image_size=32, num_encoder_blocks=2,
+                           depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2],
+                           num_attention_heads=[1, 2], mlp_ratios=[2, 2], linear_attention=True),
+             2, "PVT v2 image encoder: linear spatial-reduction attention", attns=("eager",)),
+        Spec("roformer", _hf("RoFormerConfig", "RoFormerModel", embedding_size=32, max_position_embeddings=64,
+                             **_SMALL_ENC),
+             2, "RoFormer encoder: rotary positions, padding mask", attns=("eager",)),
+        # SqueezeBERT: Q, K and V from grouped 1-D convolutions in (B, C, S) layout; eager only
+        Spec("squeezebert", _hf("SqueezeBertConfig", "SqueezeBertModel", embedding_size=32, max_position_embeddings=64,
+                                q_groups=2, k_groups=2, v_groups=2, post_attention_groups=1, intermediate_groups=1,
+                                output_groups=1, **_SMALL_ENC),
+             2, "SqueezeBERT encoder: grouped-convolution projections, channels-first", attns=("eager",)),
+        Spec("megatron_bert", _hf("MegatronBertConfig", "MegatronBertModel", model_kwargs=_NO_POOLER,
+                                  max_position_embeddings=64, **_SMALL_ENC),
+             2, "Megatron-BERT encoder: pre-norm, padding mask", attns=("eager",)),
+        Spec("rembert", _hf("RemBertConfig", "RemBertModel", model_kwargs=_NO_POOLER, input_embedding_size=16,
+                            output_embedding_size=16, max_position_embeddings=64, **_SMALL_ENC),
+             2, "RemBERT encoder, padding mask", attns=("eager",)),
+        # ConvBERT: half the heads attend, the other half are span-based dynamic convolutions; eager only
+        Spec("convbert", _hf("ConvBertConfig", "ConvBertModel", embedding_size=32, max_position_embeddings=64,
+                             head_ratio=2, conv_kernel_size=3, **_SMALL_ENC),
+             2, "ConvBERT encoder: mixed attention and dynamic convolution heads", attns=("eager",), other_softmaxes=2),
+        Spec("umt5", _hf("UMT5Config", "UMT5Model", tail=_encoder_decoder, vocab_size=100, d_model=32, d_kv=8, d_ff=64,
+                         num_layers=2, num_heads=4, decoder_start_token_id=0, pad_token_id=0, use_cache=False),
+             6, "UMT5 encoder-decoder: a relative position bias in every layer, cross attention"),
     )
 }
 
