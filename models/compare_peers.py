@@ -36,7 +36,8 @@ HEADS_HIDDEN = {"bert": (4, 32), "gpt2": (4, 32), "llama": (4, 32), "llama_gqa":
                                         "olmo2", "granite", "gpt_neo", "codegen", "mpt", "xlm_roberta", "mobilebert",
                                         "mpnet", "bigbird", "layoutlm", "clip_vision", "siglip_vision", "esm",
                                         "nemotron", "persimmon", "glm", "smollm3", "exaone4", "olmo", "roformer",
-                                        "squeezebert", "megatron_bert", "rembert", "convbert", "umt5")},
+                                        "squeezebert", "megatron_bert", "rembert", "convbert", "umt5", "ctrl",
+                                        "luke")},
                 # the vision pyramids' last stage (heads, width); LeViT's default config
                 "segformer": (2, 32), "pvt": (2, 32), "pvt_v2": (2, 32), "levit": (8, 384)}
 # The optimizer's own type where it has one for the family, else the closest (gpt2 for decoders,
@@ -55,7 +56,7 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "segformer": "vit", "pvt": "vit", "levit": "vit", "esm": "bert", "nemotron": "gpt2",
                   "persimmon": "gpt2", "glm": "gpt2", "smollm3": "gpt2", "exaone4": "gpt2", "olmo": "gpt2",
                   "pvt_v2": "vit", "roformer": "bert", "squeezebert": "bert", "megatron_bert": "bert",
-                  "rembert": "bert", "convbert": "bert", "umt5": "t5"}
+                  "rembert": "bert", "convbert": "bert", "umt5": "t5", "ctrl": "gpt2", "luke": "bert"}
 
 
 def _quiet():

@@ -409,6 +409,12 @@ SPECS = {
         Spec("umt5", _hf("UMT5Config", "UMT5Model", tail=_encoder_decoder, vocab_size=100, d_model=32, d_kv=8, d_ff=64,
                          num_layers=2, num_heads=4, decoder_start_token_id=0, pad_token_id=0, use_cache=False),
              6, "UMT5 encoder-decoder: a relative position bias in every layer, cross attention"),
+        Spec("ctrl", _hf("CTRLConfig", "CTRLModel", vocab_size=100, n_embd=32, n_layer=2, n_head=4, dff=64,
+                         n_positions=64, use_cache=False),
+             2, "CTRL decoder, causal + padding mask"),
+        Spec("luke", _hf("LukeConfig", "LukeModel", model_kwargs=_NO_POOLER, entity_vocab_size=10, entity_emb_size=16,
+                         max_position_embeddings=70, **_SMALL_ENC),
+             2, "LUKE encoder (words only), padding mask", attns=("eager",)),
     )
 }
 
