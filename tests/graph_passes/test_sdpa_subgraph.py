@@ -561,3 +561,34 @@ def test_shape_inference_sees_through_integer_constant_arithmetic():
     g.out(y, F32)
     shapes = infer_shapes(ir.serde.deserialize_model(g.model()))
     assert shapes[y] == ("b", 2, 3)
+
+
+def _einsum_attention_model():
+    """softmax(einsum(q, k) * s) feeding einsum(p, v): attention written as Einsum (Funnel, LongT5)."""
+    from onnx import TensorProto, helper
+
+    q = helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 2, 4, 8])
+    k = helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 2, 4, 8])
+    v = helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, 2, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 8])
+    nodes = [
+        helper.make_node("Einsum", ["q", "k"], ["s"], name="/attn/Einsum_qk", equation="bhqd,bhkd->bhqk"),
+        helper.make_node("Mul", ["s", "scale"], ["s2"], name="/attn/Mul"),
+        helper.make_node("Softmax", ["s2"], ["p"], name="/attn/Softmax", axis=-1),
+        helper.make_node("Einsum", ["p", "v"], ["y"], name="/attn/Einsum_pv", equation="bhqk,bhkd->bhqd"),
+    ]
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [0.35])
+    graph = helper.make_graph(nodes, "einsum_attention", [q, k, v], [y], initializer=[scale])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_einsum_attention_is_reported_left_alone():
+    """Attention written as Einsum is no candidate of any rule yet: the report counts it as left
+    alone with the reason, not among the softmaxes that are not attention, and the graph is kept."""
+    model = _einsum_attention_model()
+    out, report = fuse(model)
+    assert report.found == 1 and report.fused == 0
+    assert report.left[0].nodes == ["/attn/Softmax"]
+    assert "Einsum" in report.left[0].reason
+    assert report.other_softmax == []
+    assert [n.op_type for n in out.graph.node] == [n.op_type for n in model.graph.node]
