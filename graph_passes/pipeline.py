@@ -89,14 +89,16 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *
                 cand.details.update(packed[cand.fused_node])
         report.counts[pack_rule.NAME] = sum(d["packed_qkv"] for d in packed.values())
     taken = {id(n) for n in softmaxes if n.graph is not graph}
-    untouched = [n for n in softmaxes if id(n) not in taken and n.graph is graph and not sdpa_subgraph.is_candidate(n)]
-    einsum = {id(n) for n in untouched if sdpa_subgraph.einsum_attention(n)}
-    for n in untouched:
-        if id(n) in einsum:  # attention no rule takes yet: reported as left alone
+    report.other_softmax = []
+    for n in softmaxes:
+        if id(n) in taken or n.graph is not graph or sdpa_subgraph.is_candidate(n):
+            continue
+        if sdpa_subgraph.einsum_attention(n):  # attention no rule takes yet: reported as left alone
             report.candidates.append(Candidate(
                 rule=sdpa_subgraph.NAME, nodes=[n.name or "Softmax"],
                 reason="its probabilities feed an Einsum: attention written as Einsum is not supported yet"))
-    report.other_softmax = [n.name or "Softmax" for n in untouched if id(n) not in einsum]
+        else:
+            report.other_softmax.append(n.name or "Softmax")
     if report.fused:
         model.opset_imports[contract.DOMAIN] = contract.OP_VERSION
     report.seconds = time.perf_counter() - start

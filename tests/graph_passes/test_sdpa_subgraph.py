@@ -565,21 +565,16 @@ def test_shape_inference_sees_through_integer_constant_arithmetic():
 
 def _einsum_attention_model():
     """softmax(einsum(q, k) * s) feeding einsum(p, v): attention written as Einsum (Funnel, LongT5)."""
-    from onnx import TensorProto, helper
+    from attention_graphs import G
 
-    q = helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 2, 4, 8])
-    k = helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 2, 4, 8])
-    v = helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, 2, 4, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 8])
-    nodes = [
-        helper.make_node("Einsum", ["q", "k"], ["s"], name="/attn/Einsum_qk", equation="bhqd,bhkd->bhqk"),
-        helper.make_node("Mul", ["s", "scale"], ["s2"], name="/attn/Mul"),
-        helper.make_node("Softmax", ["s2"], ["p"], name="/attn/Softmax", axis=-1),
-        helper.make_node("Einsum", ["p", "v"], ["y"], name="/attn/Einsum_pv", equation="bhqk,bhkd->bhqd"),
-    ]
-    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [0.35])
-    graph = helper.make_graph(nodes, "einsum_attention", [q, k, v], [y], initializer=[scale])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    g = G(17)
+    q, k, v = (g.inp(x, F32, [1, 2, 4, 8]) for x in "qkv")
+    s = g.op("Einsum", q, k, equation="bhqd,bhkd->bhqk", name="/attn/Einsum_qk")
+    p = g.op("Softmax", g.op("Mul", s, g.const(0.35)), axis=-1, name="/attn/Softmax")
+    g.op("Einsum", p, v, equation="bhqk,bhkd->bhqd", name="/attn/Einsum_pv")
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [1, 2, 4, 8])
+    return g.model()
 
 
 def test_einsum_attention_is_reported_left_alone():
