@@ -467,6 +467,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int c = 0; c < kRegions; ++c)
             tma_load_4d(sK + s * Cfg::kKVBytes + c * kBN * 128, &tm_k, bar_kfull(s), c * 64, it * kBN, wk.hk, wk.b);
+          // V's own ring position (Config::kOInQ); where both rings match, K's values, so that the
+          // default build's code is what it was.
           const int sv = kVStages == kStages ? s : kv % kVStages;
           mbar_wait(bar_vempty(sv), kVStages == kStages ? empty_parity : ((kv / kVStages) & 1) ^ 1);
           mbar_expect_tx(bar_vfull(sv), Cfg::kKVBytes);
