@@ -49,17 +49,6 @@ constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 #endif
 constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
 
-// A third V stage in the chained kernel at D = 128, paid for by staging the output in the finished
-// item's Q buffer instead of a buffer of its own (OPSFUSE_HOPPER_DEEP_V=1, compile time, A/B;
-// docs/notes/cuda_kernel.md, session 39): the consumers waited 79 (kPlain) to 113 (the chain) SM
-// clocks per key tile for V tiles that a 2-stage ring can request only 1.5 steps ahead; with three
-// stages V(j + 2) loads as soon as K(j + 2) does. Q(r)'s buffer then goes back to the producer only
-// once the output's TMA store has read it (a step into the next item), still about an item before
-// Q(r + 2) is needed. The macro: 0 (the default) keeps the kernel as it was.
-#ifndef OPSFUSE_HOPPER_DEEP_V
-#define OPSFUSE_HOPPER_DEEP_V 0
-#endif
-
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups
@@ -79,14 +68,10 @@ constexpr int kConsumerWarps = 8;
 // (225 KB in all at D = 128), D = 256 stores from registers.
 // kKeys: keys per tile; 256 for kPlainSeqWide (D = 64 only), whose 32 KB K and V tiles take two
 // stages (176 KB in all; three would need 240).
-// kOInQ (OPSFUSE_HOPPER_DEEP_V, the chained kernel): the output staged in the item's Q buffer, the
-// freed 32 KB a third V stage (kVStages; K keeps kStages).
-template <int kD, int kKeys = (kD == 256 ? 64 : hopper::kBN), bool kOInQ_ = false>
+template <int kD, int kKeys = (kD == 256 ? 64 : hopper::kBN)>
 struct Config {
   static constexpr int kBN = kKeys;
   static constexpr int kStages = kD == 64 && kKeys == 128 ? 3 : 2;
-  static constexpr bool kOInQ = kOInQ_;
-  static constexpr int kVStages = kOInQ ? kStages + 1 : kStages;
   static constexpr int kQBuffers = kD == 256 ? 1 : 2;
   static constexpr bool kOStage = kD <= 128;
   static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
@@ -94,16 +79,11 @@ struct Config {
   // kSumOnTensor (kPlainSeqWide): a 2 KB block of ones (16 keys x 64 columns) per consumer warpgroup
   // after the output tile.
   static constexpr int kOnesBytes = kSumOnTensor && kD == 64 && kKeys == 256 ? 2 * 2048 : 0;
-  static constexpr int kSmem = (kQBuffers + (kOStage && !kOInQ ? 1 : 0)) * kQBytes + (kStages + kVStages) * kKVBytes +
-                                kOnesBytes + 1024;  // + alignment slack
+  static constexpr int kSmem =
+      (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + kOnesBytes + 1024;  // + alignment slack
 };
 // The configuration of mode kMode's instantiation (hopper_modes.h).
 template <int kD, int kMode>
-using ModeConfig = std::conditional_t<
-    kMode == kPlainSeqWide, Config<kD, 256>,
-    std::conditional_t<kMode == kPlainChain && kD == 128 && OPSFUSE_HOPPER_DEEP_V != 0, Config<kD, kBN, true>,
-                       Config<kD>>>;
-// The launcher sizes every mode but kPlainSeqWide with Config<kD>'s shared memory.
-static_assert(ModeConfig<128, kPlainChain>::kSmem == Config<128>::kSmem, "the chain's layout must fit Config's size");
+using ModeConfig = std::conditional_t<kMode == kPlainSeqWide, Config<kD, 256>, Config<kD>>;
 
 }  // namespace opsfuse::cuda::detail::hopper

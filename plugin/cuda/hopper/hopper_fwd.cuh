@@ -153,9 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   extern __shared__ uint8_t smem_raw[];
   constexpr int kQBuffers = Cfg::kQBuffers;
-  constexpr int kVStages = Cfg::kVStages;  // V's ring (kStages but with Config::kOInQ)
-  constexpr bool kOInQ = Cfg::kOInQ;       // the output staged in the item's Q buffer
-  __shared__ __align__(8) uint64_t bars[3 * kQBuffers + 2 * kStages + 2 * kVStages];
+  __shared__ __align__(8) uint64_t bars[3 * kQBuffers + 4 * kStages];
   __shared__ int item_slot[kQBuffers];  // round r's item (slot r % kQBuffers), from the scheduler thread
   __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
   __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
@@ -164,20 +162,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
   const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kKVBytes
-  const uint32_t sO = sV + kVStages * Cfg::kKVBytes;     // the output tile (Config::kOStage, not kOInQ)
-  const uint32_t sOnes = sO + (Cfg::kOStage && !kOInQ ? Cfg::kQBytes : 0);  // kSumTensor: 2 KB per consumer warpgroup
+  const uint32_t sO = sK + 2 * kStages * Cfg::kKVBytes;  // the output tile (Config::kOStage)
+  const uint32_t sOnes = sO + (Cfg::kOStage ? Cfg::kQBytes : 0);  // kSumTensor: 2 KB per consumer warpgroup
   auto bar_kfull = [&](int s) { return smem_u32(&bars[s]); };
   auto bar_vfull = [&](int s) { return smem_u32(&bars[kStages + s]); };
-  auto bar_kempty = [&](int s) { return smem_u32(&bars[kStages + kVStages + s]); };
-  auto bar_vempty = [&](int s) { return smem_u32(&bars[2 * kStages + kVStages + s]); };
-  constexpr int kQBars = 2 * kStages + 2 * kVStages;  // the Q and schedule barriers after the ring's
+  auto bar_kempty = [&](int s) { return smem_u32(&bars[2 * kStages + s]); };
+  auto bar_vempty = [&](int s) { return smem_u32(&bars[3 * kStages + s]); };
   // Round r of a block uses Q buffer r % kQBuffers for the (r / kQBuffers)-th time: its "full"
   // barrier's phase parity, and that of the release the producer waits for before reusing it.
-  auto bar_q = [&](int r) { return smem_u32(&bars[kQBars + r % kQBuffers]); };
-  auto bar_qempty = [&](int r) { return smem_u32(&bars[kQBars + kQBuffers + r % kQBuffers]); };
+  auto bar_q = [&](int r) { return smem_u32(&bars[4 * kStages + r % kQBuffers]); };
+  auto bar_qempty = [&](int r) { return smem_u32(&bars[4 * kStages + kQBuffers + r % kQBuffers]); };
   // Round r's item is in item_slot[r % kQBuffers] once this barrier's phase of that round
   // completes (the scheduler thread's arrive, see the producer).
-  auto bar_sched = [&](int r) { return smem_u32(&bars[kQBars + 2 * kQBuffers + r % kQBuffers]); };
+  auto bar_sched = [&](int r) { return smem_u32(&bars[4 * kStages + 2 * kQBuffers + r % kQBuffers]); };
   auto q_parity = [&](int r) { return static_cast<uint32_t>((r / kQBuffers) & 1); };
 
   // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
@@ -375,10 +372,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bar_kempty(s), kConsumerWarps);
       mbar_init(bar_vempty(s), kConsumerWarps);
     }
-    for (int s = kStages; s < kVStages; ++s) {  // Config::kOInQ's deeper V ring
-      mbar_init(bar_vfull(s), 1);
-      mbar_init(bar_vempty(s), kConsumerWarps);
-    }
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -467,14 +460,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int c = 0; c < kRegions; ++c)
             tma_load_4d(sK + s * Cfg::kKVBytes + c * kBN * 128, &tm_k, bar_kfull(s), c * 64, it * kBN, wk.hk, wk.b);
-          // V's own ring position (Config::kOInQ); where both rings match, K's values, so that the
-          // default build's code is what it was.
-          const int sv = kVStages == kStages ? s : kv % kVStages;
-          mbar_wait(bar_vempty(sv), kVStages == kStages ? empty_parity : ((kv / kVStages) & 1) ^ 1);
-          mbar_expect_tx(bar_vfull(sv), Cfg::kKVBytes);
+          mbar_wait(bar_vempty(s), empty_parity);
+          mbar_expect_tx(bar_vfull(s), Cfg::kKVBytes);
 #pragma unroll
           for (int c = 0; c < kRegions; ++c)
-            tma_load_4d(sV + sv * Cfg::kKVBytes + c * kBN * 128, &tm_v, bar_vfull(sv), c * 64, it * kBN, wk.hk, wk.b);
+            tma_load_4d(sV + s * Cfg::kKVBytes + c * kBN * 128, &tm_v, bar_vfull(s), c * 64, it * kBN, wk.hk, wk.b);
         }
       }
     }
@@ -497,9 +487,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   int kv_base = 0;  // K/V tiles of this block's earlier items (ring position of the item's first tile)
   int round = 0;
-  // Config::kOInQ: the round whose Q buffer holds an output tile the TMA store may still be reading
-  // (-1: none); the buffer goes back to the producer at the next step (release_staged_q).
-  [[maybe_unused]] int q_held = -1;
   // This consumer warpgroup's 128 threads meet (named barrier 4 + cw). Immediates: a register
   // barrier id would make ptxas reserve all 16.
   auto wg_sync = [&]() {
@@ -893,22 +880,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       return l;
     };
     auto inverse = [](float l) { return l > 0.0f ? rcp_approx(l) : 0.0f; };
-    // Config::kOInQ: Q's release for round q_held (for the item kQBuffers rounds later), once this
-    // warpgroup's output store has read the buffer: thread 0 stands for the warpgroup's 4 warps.
-    // Called at the end of the step after the store's (its read long done), or, after a one-tile
-    // item, where the round must be free before going on (the block's next item's Q depends on it
-    // through the scheduler).
-    auto release_staged_q = [&]() {
-      if constexpr (kOInQ) {
-        if (q_held >= 0) {
-          if (t == 0) {
-            bulk_wait_read();
-            mbar_arrive_n<kConsumerWarps / 2>(bar_qempty(q_held));
-          }
-          q_held = -1;
-        }
-      }
-    };
     // The item at (row0_, h_, b_) through shared memory and TMA stores (Config::kOStage with
     // tma_store): O / l, l the quad's sum of the threads' row sums lp (l = 0, a fully masked row:
     // 0). Each warpgroup writes its 64 rows into the output tile in the TMA box layout (128-byte
@@ -916,17 +887,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 8 rows over all 32 banks), then one thread stores each 64-column region with TMA (rows >= Sq
     // and columns >= Dv are clipped by the tensor map). Named barrier 4 + cw; the previous item's
     // stores must have read the buffer first.
-    // r_: the item's round. Config::kOInQ stages the rows in that round's Q buffer (this warpgroup's
-    // own 64 rows, dead since its last S product; no earlier store reads that buffer: its previous
-    // tenant was released only after its store's read), which then stays held (q_held).
-    auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_, int r_) {
-      const uint32_t so = kOInQ ? sQ + (r_ % kQBuffers) * Cfg::kQBytes + cw * 64 * 128 : sO + cw * 64 * 128;
-      if constexpr (kOInQ) {
-        q_held = r_;
-      } else {
-        if (t == 0) bulk_wait_read();
-        wg_sync();
-      }
+    auto store_staged = [&](const float (&lp)[2], int row0_, int h_, int b_) {
+      const uint32_t so = sO + cw * 64 * 128;
+      if (t == 0) bulk_wait_read();
+      wg_sync();
       // kPlainSeqWide: the thread's lane read again here (volatile: not hoisted), so that ptxas does
       // not compute the 16 store addresses ahead of the key loop and keep them there (with them the
       // wide step's wgmmas were serialized, C7512).
@@ -983,9 +947,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // phase parity.
     auto stage_of = [&](int it) { return (ring0 + it) % kStages; };
     auto parity_of = [&](int it) { return static_cast<uint32_t>(((ring0 + it) / kStages) & 1); };
-    // The same for V's ring (kVStages: deeper than K's with Config::kOInQ).
-    auto v_stage_of = [&](int it) { return (ring0 + it) % kVStages; };
-    auto v_parity_of = [&](int it) { return static_cast<uint32_t>(((ring0 + it) / kVStages) & 1); };
     // Tile classes (padding-style masks, kPairMask with mask_stride[2] == 0; else kTileMixed): the
     // class of tile it + 1 is read while tile it is processed (loads at the start of step(it), the
     // vote once S(it) is waited for), so that step(it + 1) knows before it issues anything whether
@@ -1100,7 +1061,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg_sync();
     }
     // Q is released (for the item kQBuffers rounds later) after the item's last S = Q K^T.
-    if (!kOInQ && n_mine == 0 && lane == 0) mbar_arrive(bar_qempty(round));
+    if (n_mine == 0 && lane == 0) mbar_arrive(bar_qempty(round));
     if (n_mine > 0) {
       int cls_next = class_vote(my_begin);  // the class of the tile the loop takes next
       if constexpr (!kFirstInLoop && !kSeq) {
@@ -1118,7 +1079,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         reg_fence(s);
         if (lane == 0) release(bar_kempty(st0));
-        if (!kOInQ && n_mine == 1 && lane == 0) mbar_arrive(bar_qempty(round));
+        if (n_mine == 1 && lane == 0) mbar_arrive(bar_qempty(round));
         with_scoring(my_begin, kTileMixed, [&](auto variant) { softmax(my_begin, variant, std::false_type{}); });
         pack_into(p);
         OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
@@ -1142,12 +1103,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto step = [&](int it, auto variant, auto chain_boundary) {
         constexpr int kV = decltype(variant)::value;
         const bool first = kFirstInLoop && it == first_it;
-        const int st = stage_of(it), prev = v_stage_of(it - kStride);  // prev: this warpgroup's previous tile's V
+        const int st = stage_of(it), prev = stage_of(it - kStride);  // prev: this warpgroup's previous tile
         if constexpr (kV == kScoreMask) load_mask(it);  // independent of S(it): in flight while the wgmmas run
         if (it + 1 < t_end) class_load(it + 1);
         if (!kLazy || rescale_due) rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added (first: O = 0, alpha = 1)
         OPSFUSE_HOPPER_TIMED(0, mbar_wait(bar_kfull(st), parity_of(it)));
-        if (!first) OPSFUSE_HOPPER_TIMED(1, mbar_wait(bar_vfull(prev), v_parity_of(it - kStride)));
+        if (!first) OPSFUSE_HOPPER_TIMED(1, mbar_wait(bar_vfull(prev), parity_of(it - kStride)));
         __syncwarp();
         if (first || decltype(chain_boundary)::value) OPSFUSE_HOPPER_STAMP(2);  // the first K tile is in
         if (!first) zero_v_tail(prev, it - kStride);
@@ -1171,7 +1132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         OPSFUSE_HOPPER_TIMED(3, wgmma_wait<1>());  // S(it) done; P(it-1) V(it-1) may still run
         reg_fence(s);
         if (lane == 0) release(bar_kempty(st));
-        if (!kOInQ && it == my_last && lane == 0) mbar_arrive(bar_qempty(round));
+        if (it == my_last && lane == 0) mbar_arrive(bar_qempty(round));
         // The next tile's class, before the scoring needs the registers (its loads went out at the
         // start of this step, ahead of the barrier waits and the S product).
         if (it + 1 < t_end) cls_next = class_vote(it + 1);
@@ -1196,7 +1157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (decltype(chain_boundary)::value) {
           // O is the previous item's whole output: store it, start afresh.
           OPSFUSE_HOPPER_STAMP_AT(round - 1, 5);  // the previous item's last P V is done
-          store_staged(l_prev, prev_row0, prev_h, prev_b, round - 1);
+          store_staged(l_prev, prev_row0, prev_h, prev_b);
           OPSFUSE_HOPPER_STAMP_AT(round - 1, 6);  // its stores are issued
 #pragma unroll
           for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
@@ -1205,8 +1166,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kElementwise) softmax(it, variant, std::false_type{});
         pack_into(p);
         if (first || decltype(chain_boundary)::value) OPSFUSE_HOPPER_STAMP(4);  // the first tile's softmax is done
-        // Config::kOInQ: the output a boundary step stored has had this whole step to leave Q's buffer.
-        if constexpr (!decltype(chain_boundary)::value) release_staged_q();
       };
       if constexpr (kChain) {
         // One sequence of steps over the block's items: when an item's tiles are done, the block's
@@ -1217,7 +1176,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int it = my_begin + 1;; ++it) {
           if (it == t_end) {
             OPSFUSE_HOPPER_STAMP(7);  // this item's last tile's step has ended: its waits
-            release_staged_q();  // (a one-tile item's store: the scheduler waits for it to publish round + 1)
             const int w_next = consumer_item(round + 1);  // waits for its Q: loaded during this item
             if (w_next >= n_work) break;  // the outer loop reads round + 1's slot again, at once
             prev_b = b, prev_h = h, prev_row0 = row0;
@@ -1268,18 +1226,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             if constexpr (kSeqWide) pack_range(p, KFirst{}, KHalf{});
             else pack_into(p);
             turn_pass(it == my_last);
-            const int sv = v_stage_of(it);
-            mbar_wait(bar_vfull(sv), v_parity_of(it));
+            mbar_wait(bar_vfull(st), parity_of(it));
             __syncwarp();
-            zero_v_tail(sv, it);
+            zero_v_tail(st, it);
             wgmma_fence();
             if constexpr (kSeqWide) {
-              issue_pv(sv, p, KFirst{}, KHalf{});
+              issue_pv(st, p, KFirst{}, KHalf{});
               pack_range(p, KHalf{}, KAll{});
               wgmma_fence();
-              issue_pv(sv, p, KHalf{}, KAll{});
+              issue_pv(st, p, KHalf{}, KAll{});
             } else {
-              issue_pv_all(sv, p);
+              issue_pv_all(st, p);
             }
             wgmma_commit();
             // The last tile's product is waited for below, where V's bias loads beside it.
@@ -1287,7 +1244,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               wgmma_wait<0>();
               reg_fence(o);
               reg_fence(p);
-              if (lane == 0) release(bar_vempty(sv));
+              if (lane == 0) release(bar_vempty(st));
             }
           });
           // kPlainSeqWide: the loop visibly ends with the product still running, so that ptxas need
@@ -1302,10 +1259,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           with_scoring(it, cls_next, [&](auto variant) { step(it, variant, std::false_type{}); });
         }
       }
-      const int last = v_stage_of(my_last);  // its V stage
+      const int last = stage_of(my_last);
       if constexpr (!kSeq) {  // kSeq: the last tile's P V is already issued
         if (!kLazy || rescale_due) rescale_o();
-        mbar_wait(bar_vfull(last), v_parity_of(my_last));
+        mbar_wait(bar_vfull(last), parity_of(my_last));
         __syncwarp();
         zero_v_tail(last, my_last);
         turn_wait();
@@ -1514,7 +1471,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (Cfg::kOStage && tma_store) {
-      store_staged(l_run, row0, h, b, round);
+      store_staged(l_run, row0, h, b);
       OPSFUSE_HOPPER_STAMP(6);  // the output's stores are issued
       kv_base = ring0 + t_end;
       continue;
