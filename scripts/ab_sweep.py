@@ -33,6 +33,10 @@ PREFILL = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.bfloa
 # prefill256: the Hopper kernel's D = 256 (64-key tiles) against cuDNN; A/B with OPSFUSE_CUDA_DISABLE_HOPPER=1
 PREFILL256 = [(2, 16, 4096, 256, torch.bfloat16, 0), (2, 16, 4096, 256, torch.bfloat16, 1),
               (8, 16, 1024, 256, torch.bfloat16, 0)]
+# general256: D = 256's general kernel (softcap, or a key-padding mask, the last eighth of each row's
+# keys masked; session 40's uniform smem base), where cuDNN runs without them (a reference column)
+GENERAL256 = [(2, 16, 4096, 256, torch.bfloat16, "softcap"), (8, 16, 1024, 256, torch.bfloat16, "softcap"),
+              (2, 16, 4096, 256, torch.bfloat16, "padmask")]
 # d64: the Hopper kernel at D = 64 (the seed grid's and BERT's head size) from one to many items per
 # SM, to separate its per-key-tile rate from its fixed part (fp16, non-causal)
 D64 = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0),
@@ -104,7 +108,7 @@ PROBE128 = [(8, 16, 1024, 128, torch.bfloat16, 0), (1, 16, 512, 128, torch.bfloa
 # launches (session 36); the non-causal S=1024 beside them as the control
 CHAIN8 = [(8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.float16, 1), (4, 32, 1024, 128, torch.bfloat16, 1),
           (4, 16, 1536, 128, torch.bfloat16, 1), (2, 32, 1920, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.bfloat16, 0)]
-GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "d64": D64, "pshort": PSHORT, "pquick": PQUICK, "causal": CAUSAL, "items": ITEMS,
+GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "general256": GENERAL256, "d64": D64, "pshort": PSHORT, "pquick": PQUICK, "causal": CAUSAL, "items": ITEMS,
          "seed": SEED, "rate": RATE, "short": SHORT, "wide": WIDE, "widelong": WIDELONG,
          "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128, "probe128": PROBE128, "chain8": CHAIN8}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
@@ -144,11 +148,20 @@ if MODE == "decode":
         cases.append((f"B={shape[0]} Hkv={shape[2]} Sk={shape[3]}:", lambda shape=shape: sets_for(*shape), 0))
 else:
     for (b, h, s_, d, dt, c) in GRIDS[MODE]:
-        cases.append((f"B={b} H={h} S={s_} D={d} {str(dt)[6:]} causal={c}:", lambda a=(b, h, s_, d, dt): prefill_sets(*a), c))
+        what = f"causal={c}" if isinstance(c, int) else c
+        cases.append((f"B={b} H={h} S={s_} D={d} {str(dt)[6:]} {what}:", lambda a=(b, h, s_, d, dt): prefill_sets(*a), c))
 for name, make, causal in cases:
     sets = make()
     ops = (lambda q, k, v: oc.fused_attention(q, k, v, is_causal=1)) if causal else (lambda q, k, v: oc.fused_attention(q, k, v))
     cudnn_fn = (lambda q, k, v: cudnn(q, k, v, True)) if causal else cudnn
+    if causal == "softcap":
+        cudnn_fn = cudnn
+        ops = lambda q, k, v: oc.fused_attention(q, k, v, softcap=50.0)  # noqa: E731
+    elif causal == "padmask":
+        cudnn_fn = cudnn
+        s_k = sets[0][1].shape[2]
+        pad = torch.arange(s_k, device="cuda").view(1, 1, 1, s_k) < s_k - s_k // 8
+        ops = lambda q, k, v, pad=pad: oc.fused_attention(q, k, v, attn_mask=pad)  # noqa: E731
     line = [name]
     if os.environ.get("AB_INTERLEAVED") == "1":
         def under(spec, fn, s):

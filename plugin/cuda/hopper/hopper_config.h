@@ -49,6 +49,12 @@ constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 #endif
 constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
 
+// D = 256's general kernel takes its shared-memory base through a lane-0 shuffle (hopper_fwd.cuh,
+// session 40). The macro (compile time, A/B builds): 0 turns it off.
+#ifndef OPSFUSE_HOPPER_UNIFORM_BASE
+#define OPSFUSE_HOPPER_UNIFORM_BASE 1
+#endif
+
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups

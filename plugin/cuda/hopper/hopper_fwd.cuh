@@ -158,7 +158,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
   __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
   __shared__ int4 work_slot[kQBuffers][2];  // round r's Work for the consumers (publish_work)
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  // D = 256's general kernel: the base through a shuffle, which ptxas takes as warp-uniform and
+  // cannot recompute. Without it, ptxas rebuilt the base in vector registers inside the key loop and
+  // moved every wgmma descriptor into uniform registers with R2UR just before its HGMMA (35 of 41;
+  // scripts/check_sass.py flags it). The other kernels keep their code (with the shuffle D = 256's
+  // plain kernel spilled).
+  const uint32_t base = uniform_if<OPSFUSE_HOPPER_UNIFORM_BASE != 0 && kMode == kGeneral && kD == 256>((smem_u32(smem_raw) + 1023u) & ~1023u);
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
   const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kKVBytes

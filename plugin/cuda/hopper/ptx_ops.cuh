@@ -54,6 +54,13 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// kUniform: x through a lane-0 shuffle, which ptxas takes as warp-uniform and cannot recompute
+// from its sources elsewhere; otherwise x itself, the same code as without the call.
+template <bool kUniform>
+__device__ __forceinline__ uint32_t uniform_if(uint32_t x) {
+  if constexpr (kUniform) return __shfl_sync(0xffffffffu, x, 0);
+  else return x;
+}
 // wgmma shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63), base offset 0.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
