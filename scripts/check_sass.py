@@ -1,5 +1,6 @@
 """Issue 7's SASS check: every Hopper prefill kernel's machine code has HGMMA (wgmma) in it and no
-local-memory traffic (LDL / STL: spills or a stack array), and no kernel's wgmmas were serialized.
+local-memory traffic (LDL / STL: spills or a stack array), no kernel's wgmmas were serialized, and
+their shared-memory descriptors come from uniform registers.
 
     python scripts/check_sass.py BINARY [BINARY ...]      # an object file, .so or executable
 
@@ -8,7 +9,10 @@ one line per Hopper kernel (HGMMA count, local loads / stores, the count of wgmm
 size: instructions and KB of code, what every SM fetches anew after other kernels have replaced it
 in its instruction caches, docs/notes/cuda_kernel.md session 14) and exits 1 when a check fails.
 ptxas reports a serialization (C7515) only while compiling; its trace in the SASS is a wait after
-every HGMMA, which this flags as "serialized" (HGMMA count == wait count).
+every HGMMA, which this flags as "serialized" (HGMMA count == wait count). Nor does ptxas say when it
+computes the descriptors in vector registers and moves them (R2UR) into the uniform ones each HGMMA
+reads, an R2UR on the path to nearly every HGMMA: that cost a chained kernel 6-15 % in session 40
+(docs/notes/cuda_kernel.md), where the shipped kernels have at most one such HGMMA.
 tests/gpu/test_kernel_sass_cpu.py runs the same checks on the installed library in CI, and
 local_memory_kernels()'s spill check on every kernel of both libraries (cuobjdump -res-usage)."""
 from __future__ import annotations
@@ -31,6 +35,7 @@ class KernelReport:
     local: int         # LDL / STL instructions
     waits: int         # WARPGROUP.DEPBAR (wgmma waits)
     instructions: int
+    moved_descriptors: int = 0  # HGMMAs whose descriptor registers an R2UR wrote since the previous HGMMA
 
     @property
     def problems(self) -> list[str]:
@@ -41,6 +46,8 @@ class KernelReport:
             found.append(f"{self.local} local-memory instructions")
         if self.hgmma and self.waits >= self.hgmma:
             found.append("serialized (a wgmma wait after every HGMMA)")
+        if self.hgmma and self.moved_descriptors * 4 > self.hgmma:
+            found.append(f"descriptors from vector registers ({self.moved_descriptors} of {self.hgmma} HGMMAs after an R2UR)")
         return found
 
 
@@ -74,6 +81,21 @@ def kernels(sass: str) -> dict[str, str]:
     return out
 
 
+def moved_descriptors(body: str) -> int:
+    """HGMMAs whose descriptor (gdesc[URn]: URn .. URn+3) an R2UR wrote since the previous HGMMA."""
+    count, written = 0, set()
+    for line in body.splitlines():
+        moved = re.search(r"\bR2UR\s+UR(\d+)", line)
+        if moved:
+            written.add(int(moved.group(1)))
+        desc = re.search(r"\bHGMMA\S*\s.*gdesc\[UR(\d+)\]", line)
+        if desc:
+            base = int(desc.group(1))
+            count += bool(written & set(range(base, base + 4)))
+            written = set()
+    return count
+
+
 def hopper_reports(sass: str) -> list[KernelReport]:
     """One report per Hopper prefill kernel in a cuobjdump -sass listing, by name."""
     return [
@@ -83,6 +105,7 @@ def hopper_reports(sass: str) -> list[KernelReport]:
             local=len(re.findall(r"\b(?:LDL|STL)\b", body)),
             waits=len(re.findall(r"WARPGROUP\.DEPBAR", body)),
             instructions=len(re.findall(r"/\*[0-9a-f]{4,}\*/", body)),  # one address comment per instruction
+            moved_descriptors=moved_descriptors(body),
         )
         for name, body in sorted(kernels(sass).items())
         if KERNEL_MARK in name

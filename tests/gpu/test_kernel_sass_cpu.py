@@ -57,6 +57,25 @@ def test_checks_find_what_they_look_for():
     assert reports["3"].problems == ["no HGMMA"]
 
 
+def test_descriptors_moved_from_vector_registers_are_flagged():
+    # An R2UR into the registers an HGMMA reads its descriptor from, before most HGMMAs (session 40's
+    # chained kernel: 69 of 80), is flagged; an R2UR into other uniform registers, or one before a
+    # single HGMMA of several, is not.
+    moved = []
+    for _ in range(4):
+        moved += ["R2UR UR16, R2", "R2UR UR17, R3", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], R24"]
+    elsewhere = ["R2UR UR30, R2", CLEAN[0], "R2UR UR20, R4", CLEAN[1], "HGMMA.64x128x16.F32 R24, gdesc[UR8], R24",
+                 "HGMMA.64x128x16.F32 R24, gdesc[UR8], R24", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "EXIT"]
+    once = ["R2UR UR5, R5"] + elsewhere[1:]  # UR5: the second word of the first HGMMA's descriptor (UR4)
+    listing = _listing((HOPPER + "0", moved + ["WARPGROUP.DEPBAR.LE gsb0, 0x0", "EXIT"]),
+                       (HOPPER + "1", elsewhere), (HOPPER + "2", once))
+    reports = {r.name[-1]: r for r in check_sass.hopper_reports(listing)}
+    assert reports["0"].moved_descriptors == 4
+    assert reports["0"].problems == ["descriptors from vector registers (4 of 4 HGMMAs after an R2UR)"]
+    assert reports["1"].moved_descriptors == 0 and reports["1"].problems == []
+    assert reports["2"].moved_descriptors == 1 and reports["2"].problems == []
+
+
 def _built_cuda():
     """(build_info, cuobjdump) for an install with CUDA kernels, else the test skips with the reason."""
     info = opsfuse.build_info()
