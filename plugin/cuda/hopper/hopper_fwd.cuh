@@ -753,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
             for (int e = 2 * hh; e < 2 * hh + 2; ++e)
-              s[i * 4 + e] = full_score<T>(a, s[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
+              s[i * 4 + e] = full_score<T, kFastSoftcap>(a, s[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
         }
       } else if constexpr (kV == kScoreLimits) {
         const int lim[2] = {key_limit[0], key_limit[1]};
