@@ -8,7 +8,7 @@ import onnx
 import onnx_ir as ir
 
 from .. import contract
-from . import mask_broadcast, mask_index, onnx_attention, sdpa_subgraph
+from . import einsum_form, mask_broadcast, mask_index, onnx_attention, sdpa_subgraph
 from . import pack_qkv as pack_rule
 from .report import Candidate, Report
 from .sdpa_subgraph import Reject
@@ -43,6 +43,14 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *
             report.counts[pack_rule.NAME] = 0
         report.seconds = time.perf_counter() - start
         return dict(report.counts)
+    # Attention written as Einsum: its products as MatMuls for the rules to prove (before the shapes,
+    # so that the new values have theirs); put back below wherever no rule fused it.
+    lowered = {}
+    for n in softmaxes:
+        if sdpa_subgraph.einsum_attention(n):
+            form = einsum_form.lower(graph, n)
+            if form is not None:
+                lowered[id(n)] = (n, form)
     shapes = infer_shapes(model)
     fused_nodes: list[ir.Node] = []
     for rule in passes:
@@ -68,6 +76,9 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *
             cand.details = rule.details(match, plan)
             count += 1
         report.counts[rule.NAME] = count
+    for softmax, form in lowered.values():
+        if softmax.graph is graph:  # no rule fused it
+            einsum_form.restore(graph, form)
     # Masks materialized at the scores' size by the export: the fused nodes read the small tensor.
     smaller = mask_broadcast.run(graph, fused_nodes, shapes)
     for cand in report.candidates:
@@ -91,12 +102,13 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *
     taken = {id(n) for n in softmaxes if n.graph is not graph}
     report.other_softmax = []
     for n in softmaxes:
-        if id(n) in taken or n.graph is not graph or sdpa_subgraph.is_candidate(n):
-            continue
-        if sdpa_subgraph.einsum_attention(n):  # attention no rule takes yet: reported as left alone
+        if id(n) in taken or id(n) in lowered or n.graph is not graph or sdpa_subgraph.is_candidate(n):
+            continue  # (a lowered one was a candidate of the MatMul rule, with its reason)
+        if sdpa_subgraph.einsum_attention(n):  # attention no rule takes: reported as left alone
             report.candidates.append(Candidate(
                 rule=sdpa_subgraph.NAME, nodes=[n.name or "Softmax"],
-                reason="its probabilities feed an Einsum: attention written as Einsum is not supported yet"))
+                reason="its probabilities feed an Einsum that is not a batched matrix product of rank-4 "
+                       "operands (e.g. blocked local attention): not supported"))
         else:
             report.other_softmax.append(n.name or "Softmax")
     if report.fused:

@@ -180,7 +180,7 @@ class ThreeD:
 # pattern
 
 
-def _probability_uses(softmax: ir.Node):
+def probability_uses(softmax: ir.Node):
     """The uses of a Softmax's probabilities and of the allowed post-softmax ops after it (Cast,
     Dropout, Identity, Where, Reshape; the first of them at each level, 8 levels at most), level by
     level: where an attention rule looks for the P V product."""
@@ -201,17 +201,18 @@ def is_candidate(softmax: ir.Node) -> bool:
     if softmax.op_type != "Softmax" or not is_default_domain(softmax):
         return False
     return any(u.node.op_type == "MatMul" and is_default_domain(u.node) and u.idx == 0
-               for users in _probability_uses(softmax) for u in users)
+               for users in probability_uses(softmax) for u in users)
 
 
 def einsum_attention(softmax: ir.Node) -> bool:
     """A Softmax whose probabilities (through the same post-softmax ops) feed a two-input Einsum:
-    attention written as Einsum (Funnel, LongT5's local attention), which no rule takes yet. The
-    report lists it as left alone, not as a softmax that is not attention."""
+    attention written as Einsum. The pipeline lowers its products to MatMuls (einsum_form) where they
+    are batched matrix products; the report lists the others (Funnel, LongT5's local attention) as
+    left alone, not as softmaxes that are not attention."""
     if softmax.op_type != "Softmax" or not is_default_domain(softmax):
         return False
     return any(u.node.op_type == "Einsum" and is_default_domain(u.node) and len(u.node.inputs) == 2
-               for users in _probability_uses(softmax) for u in users)
+               for users in probability_uses(softmax) for u in users)
 
 
 def _strip_scale(value: ir.Value) -> tuple[ir.Value, float]:

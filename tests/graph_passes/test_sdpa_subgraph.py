@@ -561,29 +561,3 @@ def test_shape_inference_sees_through_integer_constant_arithmetic():
     g.out(y, F32)
     shapes = infer_shapes(ir.serde.deserialize_model(g.model()))
     assert shapes[y] == ("b", 2, 3)
-
-
-def _einsum_attention_model():
-    """softmax(einsum(q, k) * s) feeding einsum(p, v): attention written as Einsum (Funnel, LongT5)."""
-    from attention_graphs import G
-
-    g = G(17)
-    q, k, v = (g.inp(x, F32, [1, 2, 4, 8]) for x in "qkv")
-    s = g.op("Einsum", q, k, equation="bhqd,bhkd->bhqk", name="/attn/Einsum_qk")
-    p = g.op("Softmax", g.op("Mul", s, g.const(0.35)), axis=-1, name="/attn/Softmax")
-    g.op("Einsum", p, v, equation="bhqk,bhkd->bhqd", name="/attn/Einsum_pv")
-    g.nodes[-1].output[0] = "y"
-    g.out("y", F32, [1, 2, 4, 8])
-    return g.model()
-
-
-def test_einsum_attention_is_reported_left_alone():
-    """Attention written as Einsum is no candidate of any rule yet: the report counts it as left
-    alone with the reason, not among the softmaxes that are not attention, and the graph is kept."""
-    model = _einsum_attention_model()
-    out, report = fuse(model)
-    assert report.found == 1 and report.fused == 0
-    assert report.left[0].nodes == ["/attn/Softmax"]
-    assert "Einsum" in report.left[0].reason
-    assert report.other_softmax == []
-    assert [n.op_type for n in out.graph.node] == [n.op_type for n in model.graph.node]
