@@ -8,7 +8,7 @@ contracted label (in both operands, not the output) and one free label in each o
 output). Its result is MatMul(A as (batch, free_A, contracted), B as (batch, contracted, free_B)),
 whose labels are (batch in the output's order, free_A, free_B), transposed to the equation's
 output order where that differs: the same sums of the same products. Anything else (LongT5's rank-5
-blocks, Funnel's relative-position terms are other Einsums) is left as it is."""
+local blocks) is left as it is, and so is every Einsum that is not one of an attention's products."""
 
 from __future__ import annotations
 
