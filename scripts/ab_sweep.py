@@ -37,6 +37,9 @@ PREFILL256 = [(2, 16, 4096, 256, torch.bfloat16, 0), (2, 16, 4096, 256, torch.bf
 # keys masked; session 40's uniform smem base), where cuDNN runs without them (a reference column)
 GENERAL256 = [(2, 16, 4096, 256, torch.bfloat16, "softcap"), (8, 16, 1024, 256, torch.bfloat16, "softcap"),
               (2, 16, 4096, 256, torch.bfloat16, "padmask")]
+# general: general256 and softcap at D = 128 and 64 (B=2 H=16 S=4096), the general kernel's other head
+# sizes (session 40: softcap 7-9x the plain kernel's time at every head size)
+GENERAL = GENERAL256 + [(2, 16, 4096, 128, torch.bfloat16, "softcap"), (2, 16, 4096, 64, torch.bfloat16, "softcap")]
 # d64: the Hopper kernel at D = 64 (the seed grid's and BERT's head size) from one to many items per
 # SM, to separate its per-key-tile rate from its fixed part (fp16, non-causal)
 D64 = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0),
@@ -108,7 +111,7 @@ PROBE128 = [(8, 16, 1024, 128, torch.bfloat16, 0), (1, 16, 512, 128, torch.bfloa
 # launches (session 36); the non-causal S=1024 beside them as the control
 CHAIN8 = [(8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.float16, 1), (4, 32, 1024, 128, torch.bfloat16, 1),
           (4, 16, 1536, 128, torch.bfloat16, 1), (2, 32, 1920, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.bfloat16, 0)]
-GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "general256": GENERAL256, "d64": D64, "pshort": PSHORT, "pquick": PQUICK, "causal": CAUSAL, "items": ITEMS,
+GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "general256": GENERAL256, "general": GENERAL, "d64": D64, "pshort": PSHORT, "pquick": PQUICK, "causal": CAUSAL, "items": ITEMS,
          "seed": SEED, "rate": RATE, "short": SHORT, "wide": WIDE, "widelong": WIDELONG,
          "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128, "probe128": PROBE128, "chain8": CHAIN8}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"

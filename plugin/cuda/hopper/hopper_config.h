@@ -59,6 +59,14 @@ constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
 #endif
 constexpr bool kFastSoftcap = OPSFUSE_HOPPER_FAST_SOFTCAP != 0;
 
+// The general kernel's mask loads batched ahead of their use, the mask's kind taken once per tile
+// (hopper_fwd.cuh score_batched; session 40: D = 256 with a padding mask 4x the plain kernel's time).
+// Compile time, off until the device has checked it (prepared in session 40, not yet run on a GPU).
+#ifndef OPSFUSE_HOPPER_BATCHED_MASK
+#define OPSFUSE_HOPPER_BATCHED_MASK 0
+#endif
+constexpr bool kBatchedMask = OPSFUSE_HOPPER_BATCHED_MASK != 0;
+
 #ifndef OPSFUSE_HOPPER_UNIFORM_BASE
 #define OPSFUSE_HOPPER_UNIFORM_BASE 1
 #endif

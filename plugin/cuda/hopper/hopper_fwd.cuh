@@ -713,6 +713,49 @@ __global__ void __launch_bounds__(kThreads, 1)
         l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
       }
     };
+    // The general kernel's scores (kBatchedMask): full_score()'s contract, with the mask's kind taken
+    // once per tile (kind: 0 none, 1 bool, 2 additive) and the mask elements of kMaskChunk key
+    // columns loaded before any of them is used. full_score() per element branches on the kind and
+    // uses each load at once: every element of the tile waited for its own load in turn (D = 256
+    // with a padding mask: 4x the plain kernel's time, session 40).
+    auto score_batched = [&](int n0, int c0) {
+      constexpr int kMaskChunk = kD == 128 ? 1 : 2;  // column groups per batch: 2 / 4 loads in flight per row (more spilled at D = 128)
+      const int kind = a.mask_kind;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const RowInfo ri = row_info(hh);
+        const uint8_t* mrow = static_cast<const uint8_t*>(a.mask) + ri.mask_off * (kind == 2 ? 2 : 1);
+        const int64_t mstep = a.mask_stride[3] * (kind == 2 ? 2 : 1);  // bytes per key
+#pragma unroll
+        for (int i0 = 0; i0 < kBN / 8; i0 += kMaskChunk) {
+          uint32_t m[kMaskChunk][2];
+#pragma unroll
+          for (int i = 0; i < kMaskChunk; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = n0 + (i0 + i) * 8 + c0 + e;
+              const uint8_t* p = mrow + j * mstep;
+              m[i][e] = 0;
+              if (kind != 0 && j < ri.key_limit)
+                m[i][e] = kind == 1 ? __ldg(p) : __ldg(reinterpret_cast<const unsigned short*>(p));
+            }
+#pragma unroll
+          for (int i = 0; i < kMaskChunk; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = n0 + (i0 + i) * 8 + c0 + e;
+              float& x = s[(i0 + i) * 4 + 2 * hh + e];
+              float v = x * a.scale;
+              if (a.softcap > 0.0f) v = softcapped<T, true>(v, a.softcap);  // tanhf's branches spilled here
+              const unsigned short bits = static_cast<unsigned short>(m[i][e]);
+              if constexpr (std::is_same_v<T, __half>) v += kind == 2 ? __half2float(__ushort_as_half(bits)) : 0.0f;
+              else v += kind == 2 ? __bfloat162float(__ushort_as_bfloat16(bits)) : 0.0f;
+              const bool vis = j < ri.key_limit && (kind != 1 || m[i][e] != 0);
+              x = vis ? to_log2_units<T>(v) : -INFINITY;
+            }
+        }
+      }
+    };
     // `defer_sums` (std::true_type): the row sums are left to row_sums(), called after the P V wait.
     auto softmax = [&](int it, auto variant, auto defer_sums) {
       constexpr int kV = decltype(variant)::value;
@@ -745,6 +788,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             s[i * 4 + e] = vis ? to_log2_units<T>(x) : -INFINITY;
           }
+      } else if constexpr (kV == kScoreMask && elementwise && kBatchedMask) {
+        score_batched(n0, c0);
       } else if constexpr (kV == kScoreMask && elementwise) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
