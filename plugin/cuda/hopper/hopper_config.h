@@ -61,6 +61,7 @@ constexpr bool kFastSoftcap = OPSFUSE_HOPPER_FAST_SOFTCAP != 0;
 
 // The general kernel's mask loads batched ahead of their use, the mask's kind taken once per tile
 // (hopper_fwd.cuh score_batched; session 40: D = 256 with a padding mask 4x the plain kernel's time).
+// Its scores take the MUFU softcap whatever OPSFUSE_HOPPER_FAST_SOFTCAP says (with tanhf it spilled).
 // Compile time, off until the device has checked it (prepared in session 40, not yet run on a GPU).
 #ifndef OPSFUSE_HOPPER_BATCHED_MASK
 #define OPSFUSE_HOPPER_BATCHED_MASK 0
