@@ -88,6 +88,7 @@ from .ir_utils import (
     widening_or_same,
 )
 from .layout import merge_heads, split_heads, unrepeat_kv
+from .mask_expand import unexpanded_terms
 from .shape_info import rank, same_dim
 
 NAME = "sdpa_subgraph"
@@ -161,6 +162,7 @@ class Plan:
     upcast_qk: bool = False  # Q and K are read through Cast(to=dtype)
     three_d: ThreeD | None = None  # the 3-D form applies: read the (B, S, H*D) projections
     three_d_why_not: str = ""  # else why the 4-D form is emitted
+    unexpanded: dict = dataclasses.field(default_factory=dict)  # mask term index -> mask_expand.Unexpanded
 
 
 @dataclasses.dataclass
@@ -641,13 +643,17 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         raise Reject(f"Softmax axis {m.softmax.attributes.get_int('axis', -1 if opset >= 13 else 1)} is not the "
                      f"key axis (opset {opset})")
     # Internal values must feed only the chain (and, with a head view, Shape reads that only
-    # compute the views' targets).
+    # compute the views' targets; in the 4-D form, Shape reads of the scores that only expand a
+    # mask to their shape, read unexpanded instead).
     views = (m.view, m.unview, *m.post_views) if view_dims is not None else ()
+    unexpanded = unexpanded_terms(m.masks, scores, m.internal, shapes) if r == 4 and view_dims is None else {}
+    expanding = {id(u.shape_reader) for u in unexpanded.values()}
     for value in m.internal:
         if value.is_graph_output():
             raise Reject(f"intermediate {value.name} is a graph output")
         users = {id(u.node): u.node for u in value.uses()}
-        readers = [n for n in users.values() if views and n.op_type == "Shape" and _feeds_only(n, views)]
+        readers = [n for n in users.values()
+                   if (views and n.op_type == "Shape" and _feeds_only(n, views)) or id(n) in expanding]
         n_users = len(users) - len(readers)
         if n_users != 1 and not (m.nan_guard and n_users == 2):
             raise Reject(f"intermediate {value.name} has other consumers")
@@ -735,7 +741,7 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
     if upcast_qk and n_rep > 1:  # V was not widened through the repeat: keep the repeated tensors
         k, v, n_rep = m.k_base, m.v, 1
     plan = Plan(k=k, k_perm=None if is_identity_perm(k_perm) else k_perm, v=v, n_rep=n_rep, dtype=t, opset=opset,
-                upcast_qk=upcast_qk)
+                upcast_qk=upcast_qk, unexpanded=unexpanded)
     plan.three_d, plan.three_d_why_not = _three_d(m, plan, shapes)
     return plan
 
@@ -814,6 +820,10 @@ def rewrite(graph: ir.Graph, match: Match, plan: Plan, shapes: dict) -> ir.Node:
         q = emit.node(new_nodes, "Cast", [q], {"to": int(plan.dtype)}, f"{base}/Q_cast")
         k = emit.node(new_nodes, "Cast", [k], {"to": int(plan.dtype)}, f"{base}/K_cast")
     masks = list(m.masks)
+    for i, u in plan.unexpanded.items():  # the mask before its Expand to the scores' shape
+        small = u.small if u.cast is None else emit.node(
+            new_nodes, "Cast", [u.small], {"to": u.cast.attributes.get_int("to")}, f"{base}/mask{i}_cast")
+        masks[i] = dataclasses.replace(masks[i], value=small)
     if plan.view_dims is not None:
         q, k, v = (emit.split_leading(new_nodes, x, plan.view_dims, plan.opset, f"{base}/{n}_heads")
                    for x, n in ((q, "Q"), (k, "K"), (v, "V")))
