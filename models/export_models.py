@@ -415,6 +415,9 @@ SPECS = {
         Spec("luke", _hf("LukeConfig", "LukeModel", model_kwargs=_NO_POOLER, entity_vocab_size=10, entity_emb_size=16,
                          max_position_embeddings=70, **_SMALL_ENC),
              2, "LUKE encoder (words only), padding mask", attns=("eager",)),
+        # XLM / FlauBERT: the TorchScript export expands the mask to the scores' shape (expand_as)
+        Spec("xlm", _hf("XLMConfig", "XLMModel", vocab_size=100, emb_dim=32, n_layers=2, n_heads=4), 2,
+             "XLM encoder, padding mask expanded to the scores", attns=("eager",)),
     )
 }
 
