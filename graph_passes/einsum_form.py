@@ -35,9 +35,12 @@ class Lowered:
     new_nodes: list[list[ir.Node]]  # each Einsum's MatMul form
 
 
-def matmul_perms(equation: str) -> tuple[tuple, tuple, tuple] | None:
-    """(perm of A, perm of B, perm of the MatMul's output) for a batched-matrix-product equation,
-    e.g. "bind,bjnd->bnij" -> ((0, 2, 1, 3), (0, 2, 3, 1), (0, 1, 2, 3)); None for any other."""
+def matmul_perms(equation: str) -> tuple[tuple, tuple, tuple, bool] | None:
+    """(perm of A, perm of B, perm of the MatMul's output, swapped) for a batched-matrix-product
+    equation, e.g. "bind,bjnd->bnij" -> ((0, 2, 1, 3), (0, 2, 3, 1), (0, 1, 2, 3), False); None for
+    any other. A is the operand whose free label comes first in the output (the second operand where
+    `swapped`: "bhkd,bhqd->bhqk" is MatMul(Q, K^T)), so that the product needs no Transpose after it
+    wherever the output keeps the batch labels first."""
     eq = equation.replace(" ", "")
     if eq.count("->") != 1 or "." in eq:
         return None
@@ -54,11 +57,14 @@ def matmul_perms(equation: str) -> tuple[tuple, tuple, tuple] | None:
     contracted = [lab for lab in a if lab in b and lab not in out]
     if (len(batch), len(free_a), len(free_b), len(contracted)) != (2, 1, 1, 1):
         return None
+    swapped = out.index(free_a[0]) > out.index(free_b[0])
+    if swapped:
+        a, b, free_a, free_b = b, a, free_b, free_a
     product = batch + free_a + free_b
     perm_a = tuple(a.index(lab) for lab in batch + free_a + contracted)
     perm_b = tuple(b.index(lab) for lab in batch + contracted + free_b)
     perm_out = tuple(product.index(lab) for lab in out)
-    return perm_a, perm_b, perm_out
+    return perm_a, perm_b, perm_out, swapped
 
 
 def _identity(perm: tuple) -> bool:
@@ -75,7 +81,7 @@ def _as_matmul(node: ir.Node) -> tuple[list[ir.Node], ir.Value] | None:
         return None
     base = f"{node.name or 'Einsum'}_as_MatMul"
     new_nodes: list[ir.Node] = []
-    a, b = node.inputs
+    a, b = node.inputs[::-1] if perms[3] else node.inputs
     if not _identity(perms[0]):
         a = emit.node(new_nodes, "Transpose", [a], {"perm": list(perms[0])}, f"{base}/A_transpose")
     if not _identity(perms[1]):
@@ -106,12 +112,12 @@ def _scores_einsum(softmax: ir.Node) -> ir.Node | None:
 
 def lower(graph: ir.Graph, softmax: ir.Node) -> Lowered | None:
     """Writes the attention around `softmax` with MatMuls where both its products are batched-matrix-
-    product Einsums (the scores' and every one its probabilities feed as the first operand). The
+    product Einsums (the scores' and every one its probabilities feed). The
     Einsum nodes leave the graph (no rule may see them as other readers of Q, K, V or P) and are
     kept for restore(). None, and nothing changed, where any product is not."""
     qk = _scores_einsum(softmax)
     pvs = [u.node for users in probability_uses(softmax) for u in users
-           if u.node.op_type == "Einsum" and is_default_domain(u.node) and u.idx == 0]
+           if u.node.op_type == "Einsum" and is_default_domain(u.node)]
     if qk is None or not pvs:
         return None
     forms = [_as_matmul(n) for n in (qk, *pvs)]

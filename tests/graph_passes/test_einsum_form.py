@@ -13,11 +13,13 @@ from opsfuse.graph_passes.einsum_form import matmul_perms
 
 
 @pytest.mark.parametrize("equation, perms", [
-    ("bhqd,bhkd->bhqk", ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3))),
-    ("bind,bjnd->bnij", ((0, 2, 1, 3), (0, 2, 3, 1), (0, 1, 2, 3))),
-    ("bhij,bhjd->bhid", ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3))),
-    ("bnij,bjnd->bind", ((0, 1, 2, 3), (0, 2, 1, 3), (0, 2, 1, 3))),
-    (" b h i d , b h j d -> b h i j ", ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3))),
+    ("bhqd,bhkd->bhqk", ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3), False)),
+    ("bind,bjnd->bnij", ((0, 2, 1, 3), (0, 2, 3, 1), (0, 1, 2, 3), False)),
+    ("bhij,bhjd->bhid", ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3), False)),
+    ("bnij,bjnd->bind", ((0, 1, 2, 3), (0, 2, 1, 3), (0, 2, 1, 3), False)),
+    (" b h i d , b h j d -> b h i j ", ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3), False)),
+    ("bhkd,bhqd->bhqk", ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3), True)),  # K first: MatMul(Q, K^T)
+    ("bhjd,bhij->bhid", ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3), True)),  # V first: MatMul(P, V)
 ])
 def test_batched_matrix_product_equations(equation, perms):
     assert matmul_perms(equation) == perms
@@ -25,7 +27,6 @@ def test_batched_matrix_product_equations(equation, perms):
 
 @pytest.mark.parametrize("equation", [
     "...id,...jd->...ij",           # an ellipsis
-    "bhqd,bhkd->bhkq",              # the free labels swapped in the output: not a MatMul's order... (see below)
     "bhd,bhkd->bhk",                # rank 3
     "bnlqd,bnlkd->bnlqk",           # rank 5 (LongT5's blocks)
     "bhqd,bhkd,bhkd->bhqk",         # three operands
@@ -34,28 +35,27 @@ def test_batched_matrix_product_equations(equation, perms):
     "bhqd,bhkd",                    # implicit output
 ])
 def test_other_equations_are_not_lowered(equation):
-    perms = matmul_perms(equation)
-    if equation == "bhqd,bhkd->bhkq":
-        # Valid, with a Transpose after the MatMul: the scores' keys are then not last, which the
-        # MatMul rule rejects on its own (the Softmax axis), so the form is correct either way.
-        assert perms == ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 3, 2))
-    else:
-        assert perms is None
+    assert matmul_perms(equation) is None
 
 
-def _einsum_model(*, qk="bind,bjnd->bnij", pv="bnij,bjnd->bind", bsnh=True, mask=False, extra_reader=False):
+def test_batch_labels_after_the_free_ones_take_a_transpose_after_the_product():
+    assert matmul_perms("bhqd,bhkd->qbhk") == ((0, 1, 2, 3), (0, 1, 3, 2), (2, 0, 1, 3), False)
+
+
+def _einsum_model(*, qk="bind,bjnd->bnij", pv="bnij,bjnd->bind", bsnh=True, mask=False, extra_reader=False,
+                  pv_swapped=False):
     """Research-code attention: q, k, v (B, S, N, D) [or (B, N, S, D)], scores einsum * scale
     [+ mask (B, 1, 1, S)], softmax, einsum with v."""
     B, N, S, D = 2, 3, 5, 8
     shape = [B, S, N, D] if bsnh else [B, N, S, D]
     g = G(17)
     q, k, v = (g.inp(x, F32, shape) for x in "qkv")
-    s = g.op("Einsum", q, k, equation=qk, name="/attn/Einsum_qk")
+    s = g.op("Einsum", *((k, q) if qk.startswith("bhkd") else (q, k)), equation=qk, name="/attn/Einsum_qk")
     s = g.op("Mul", s, g.const(D ** -0.5), name="/attn/Mul_scale")
     if mask:
         s = g.op("Add", s, g.inp("mask", F32, [B, 1, 1, S]), name="/attn/Add_mask")
     p = g.op("Softmax", s, axis=-1, name="/attn/Softmax")
-    y = g.op("Einsum", p, v, equation=pv, name="/attn/Einsum_pv")
+    y = g.op("Einsum", *((v, p) if pv_swapped else (p, v)), equation=pv, name="/attn/Einsum_pv")
     g.op("Identity", y, name="/attn/out")
     g.nodes[-1].output[0] = "y"
     g.out("y", F32, shape)
@@ -66,10 +66,12 @@ def _einsum_model(*, qk="bind,bjnd->bnij", pv="bnij,bjnd->bind", bsnh=True, mask
     return g.model()
 
 
-@pytest.mark.parametrize("bsnh", [True, False])
-def test_einsum_attention_is_fused(bsnh):
-    model = (_einsum_model(mask=True) if bsnh
-             else _einsum_model(qk="bhqd,bhkd->bhqk", pv="bhqk,bhkd->bhqd", bsnh=False, mask=True))
+@pytest.mark.parametrize("form", ["bsnh", "bnsh", "operands_swapped"])
+def test_einsum_attention_is_fused(form):
+    model = {"bsnh": lambda: _einsum_model(mask=True),
+             "bnsh": lambda: _einsum_model(qk="bhqd,bhkd->bhqk", pv="bhqk,bhkd->bhqd", bsnh=False, mask=True),
+             "operands_swapped": lambda: _einsum_model(qk="bhkd,bhqd->bhqk", pv="bhkd,bhqk->bhqd", bsnh=False,
+                                                       mask=True, pv_swapped=True)}[form]()
     out, report = fuse(model)
     assert report.found == 1 and report.fused == 1, report.format()
     (node,) = fused_nodes(out)
