@@ -110,19 +110,21 @@ def _scores_einsum(softmax: ir.Node) -> ir.Node | None:
     return None
 
 
-def lower(graph: ir.Graph, softmax: ir.Node) -> Lowered | None:
+def lower(graph: ir.Graph, softmax: ir.Node) -> Lowered | str:
     """Writes the attention around `softmax` with MatMuls where both its products are batched-matrix-
-    product Einsums (the scores' and every one its probabilities feed). The
-    Einsum nodes leave the graph (no rule may see them as other readers of Q, K, V or P) and are
-    kept for restore(). None, and nothing changed, where any product is not."""
+    product Einsums (the scores' and every one its probabilities feed). The Einsum nodes leave the
+    graph (no rule may see them as other readers of Q, K, V or P) and are kept for restore(). Where
+    it cannot, nothing is changed and the reason is returned, for the report."""
     qk = _scores_einsum(softmax)
     pvs = [u.node for users in probability_uses(softmax) for u in users
            if u.node.op_type == "Einsum" and is_default_domain(u.node)]
-    if qk is None or not pvs:
-        return None
+    if qk is None:
+        return ("its probabilities feed an Einsum, but its scores do not come from one two-operand Einsum "
+                "through scale, mask, softcap and Cast ops only: not supported")
     forms = [_as_matmul(n) for n in (qk, *pvs)]
-    if any(f is None for f in forms):
-        return None
+    if not pvs or any(f is None for f in forms):
+        return ("its products are Einsums that are not batched matrix products of rank-4 operands "
+                "(e.g. blocked local attention): not supported")
     lowered = Lowered(einsums=[qk, *pvs], operands=[], replaced=[], new_nodes=[])
     for einsum, (new_nodes, y) in zip(lowered.einsums, forms):
         graph.insert_before(einsum, new_nodes)

@@ -45,11 +45,13 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *
         return dict(report.counts)
     # Attention written as Einsum: its products as MatMuls for the rules to prove (before the shapes,
     # so that the new values have theirs); put back below wherever no rule fused it.
-    lowered = {}
+    lowered, not_lowered = {}, {}
     for n in softmaxes:
         if sdpa_subgraph.einsum_attention(n):
             form = einsum_form.lower(graph, n)
-            if form is not None:
+            if isinstance(form, str):
+                not_lowered[id(n)] = form
+            else:
                 lowered[id(n)] = (n, form)
     shapes = infer_shapes(model)
     fused_nodes: list[ir.Node] = []
@@ -104,11 +106,9 @@ def run_pipeline(model: ir.Model, report: Report | None = None, passes=PASSES, *
     for n in softmaxes:
         if id(n) in taken or id(n) in lowered or n.graph is not graph or sdpa_subgraph.is_candidate(n):
             continue  # (a lowered one was a candidate of the MatMul rule, with its reason)
-        if sdpa_subgraph.einsum_attention(n):  # attention no rule takes: reported as left alone
-            report.candidates.append(Candidate(
-                rule=sdpa_subgraph.NAME, nodes=[n.name or "Softmax"],
-                reason="its probabilities feed an Einsum that is not a batched matrix product of rank-4 "
-                       "operands (e.g. blocked local attention): not supported"))
+        if id(n) in not_lowered:  # attention written as Einsum that no rule takes: left alone, with why
+            report.candidates.append(Candidate(rule=sdpa_subgraph.NAME, nodes=[n.name or "Softmax"],
+                                               reason=not_lowered[id(n)]))
         else:
             report.other_softmax.append(n.name or "Softmax")
     if report.fused:

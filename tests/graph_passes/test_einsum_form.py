@@ -107,9 +107,37 @@ def test_blocked_einsum_attention_is_left_alone_with_the_reason():
     out, report = fuse(model)
     assert report.found == 1 and report.fused == 0
     assert report.left[0].nodes == ["/attn/Softmax"]
-    assert "not a batched matrix product" in report.left[0].reason
+    assert "not batched matrix products of rank-4 operands" in report.left[0].reason
     assert report.other_softmax == []
     assert [n.op_type for n in out.graph.node] == [n.op_type for n in model.graph.node]
+
+
+def _two_products_model(scores_op):
+    """Scores built from Einsum products by `scores_op` (g, e1, e2) -> scores, then softmax, P.V."""
+    g = G(17)
+    q, k, r, v = (g.inp(x, F32, [1, 2, 4, 8]) for x in "qkrv")
+    s = scores_op(g, g.op("Einsum", q, k, equation="bhqd,bhkd->bhqk"), g.op("Einsum", q, r, equation="bhqd,bhkd->bhqk"))
+    p = g.op("Softmax", s, axis=-1, name="/attn/Softmax")
+    g.op("Einsum", p, v, equation="bhqk,bhkd->bhqd", name="/attn/Einsum_pv")
+    g.nodes[-1].output[0] = "y"
+    g.out("y", F32, [1, 2, 4, 8])
+    return g.model()
+
+
+@pytest.mark.parametrize("scores_op, reason", [
+    # XLNet-like: content and position products added, then scaled: lowered, and the MatMul rule's own
+    # reason (a bias added before the scale would round differently in the fused op)
+    (lambda g, e1, e2: g.op("Mul", g.op("Add", e1, e2), g.const(0.35)), "added before the scale"),
+    # an op no score passes through (XLNet's relative shift is a Reshape / Slice chain): not lowered
+    (lambda g, e1, e2: g.op("Abs", e1), "do not come from one two-operand Einsum"),
+])
+def test_other_scores_are_left_alone_as_they_were(scores_op, reason):
+    model = _two_products_model(scores_op)
+    out, report = fuse(model)
+    assert report.found == 1 and report.fused == 0
+    assert reason in report.left[0].reason
+    assert [(n.op_type, list(n.input), list(n.output)) for n in out.graph.node] == \
+           [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
 
 
 class _EinsumAttention:
