@@ -13,7 +13,7 @@ import onnx_ir as ir
 
 from .. import contract
 from .ir_utils import op
-from .shape_info import same_dim
+from .shape_info import same_dim, same_shape
 
 
 @dataclasses.dataclass
@@ -21,10 +21,6 @@ class Unexpanded:
     small: ir.Value  # the mask before its Expand
     cast: ir.Node | None  # the Cast between the Expand and the mask term, read again on the small mask
     shape_reader: ir.Node  # the Shape of the scores that fed the Expand
-
-
-def _same_shape(a, b) -> bool:
-    return a is not None and len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b))
 
 
 def _only_reader(value: ir.Value, node: ir.Node) -> bool:
@@ -40,14 +36,14 @@ def unexpanded_terms(masks, scores: ir.Value, chain: tuple, shapes: dict) -> dic
     s_shape = shapes.get(scores.name)
     if s_shape is None:
         return out
-    same_shape = {id(v) for v in (scores, *chain) if _same_shape(shapes.get(v.name), s_shape)}
+    same_shaped = {id(v) for v in (scores, *chain) if same_shape(shapes.get(v.name), s_shape)}
     for i, term in enumerate(masks):
         if term.kind not in ("add", "bool"):
             continue
         cast = op(term.value, "Cast")
         expand = op(cast.inputs[0] if cast is not None else term.value, "Expand")
         reader = op(expand.inputs[1], "Shape") if expand is not None else None
-        if (reader is None or id(reader.inputs[0]) not in same_shape or "start" in reader.attributes
+        if (reader is None or id(reader.inputs[0]) not in same_shaped or "start" in reader.attributes
                 or "end" in reader.attributes):
             continue
         if not (_only_reader(reader.outputs[0], expand) and _only_reader(expand.outputs[0], cast or term.node)

@@ -89,7 +89,7 @@ from .ir_utils import (
 )
 from .layout import merge_heads, split_heads, unrepeat_kv
 from .mask_expand import unexpanded_terms
-from .shape_info import rank, same_dim
+from .shape_info import rank, same_dim, same_shape
 
 NAME = "sdpa_subgraph"
 
@@ -706,7 +706,7 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
     for term in m.masks:
         out, src = term.node.outputs[0], term.scores_in
         so, ssrc = shapes.get(out.name), shapes.get(src.name)
-        if so is None or ssrc is None or len(so) != len(ssrc) or not all(same_dim(a, b) for a, b in zip(so, ssrc)):
+        if not same_shape(so, ssrc):
             raise Reject(f"cannot prove the mask of {term.node.name} does not broadcast the scores to a larger "
                          f"shape: scores {_shape_str(shapes, src)}, result {_shape_str(shapes, out)}")
         if term.kind == "clamp":
@@ -751,8 +751,7 @@ def _check_cancelling(pair: tuple, shapes: dict) -> None:
     their input's shape: a Reshape moves no data, so the pair is then the identity."""
     first, second = pair
     a, b, c = (shapes.get(x.name) for x in (first.inputs[0], first.outputs[0], second.outputs[0]))
-    if (a is None or b is None or c is None or (len(a), len(b), len(c)) != (3, 4, 3)
-            or not all(same_dim(x, y) for x, y in zip(a, c))):
+    if b is None or not same_shape(a, c) or (len(a), len(b)) != (3, 4):
         raise Reject(f"cannot prove the Reshapes after the Softmax ({first.name}, {second.name}) view the probabilities "
                      f"as (B, H, Sq, Sk) and back: {_shape_str(shapes, first.inputs[0])} -> "
                      f"{_shape_str(shapes, first.outputs[0])} -> {_shape_str(shapes, second.outputs[0])}")

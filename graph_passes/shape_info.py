@@ -258,6 +258,11 @@ def same_dim(a, b) -> bool:
     return a is not None and b is not None and a == b
 
 
+def same_shape(a: Shape | None, b: Shape | None) -> bool:
+    """True when both shapes are known, of one rank, and provably equal dim for dim."""
+    return a is not None and b is not None and len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b))
+
+
 def dim(shapes: dict[str, Shape], value: ir.Value, axis: int):
     s = shapes.get(value.name)
     if s is None:
