@@ -121,34 +121,13 @@ __device__ __forceinline__ float to_log2_units(float x) {
   }
 }
 
-// softcap * tanh(s / softcap). By default tanhf and an IEEE division, as PyTorch computes it.
-// kFast (the Hopper kernel, float16 / bfloat16): tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1) with the
-// approximate exp2 and reciprocals (MUFU), absolute error ~1e-7 in tanh, ~1e-7 * softcap in the
-// score: three orders below the half-precision operands' rounding. tanhf and the division are ~40
-// instructions, a division slow-path call and several branches per score (the Hopper kernel took 7x
-// its plain time on the H100, session 40); this is 2 MUFU and 4 arithmetic instructions. (In the
-// portable D = 128 kernels the straight-line form made ptxas spill.) Limits: x -> +inf gives 1
-// (2 / inf = 0), -inf gives -1, NaN stays NaN.
-template <typename T, bool kFast>
-__device__ __forceinline__ float softcapped(float s, float cap) {
-  if constexpr (!kFast || std::is_same_v<T, float>) {
-    return cap * tanhf(s / cap);
-  } else {
-    float inv_cap, e, r;
-    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(inv_cap) : "f"(cap));
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(s * inv_cap * (2.0f * kLog2e)));
-    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(e + 1.0f));
-    return cap * fmaf(-2.0f, r, 1.0f);
-  }
-}
-
 // The contract for one score, slow path: s = scale * qk -> softcap -> + mask (or -inf) ->
 // causal / key_lengths. Returns the score in the log2 domain (times log2 e) or -inf.
-template <typename T, bool kFastSoftcap = false>
+template <typename T>
 __device__ __forceinline__ float full_score(const KernelArgs& a, float qk, const RowInfo& ri, int j) {
   if (j >= ri.key_limit) return -INFINITY;
   float s = qk * a.scale;
-  if (a.softcap > 0.0f) s = softcapped<T, kFastSoftcap>(s, a.softcap);
+  if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
   if (a.mask_kind != 0) {
     const int64_t off = ri.mask_off + static_cast<int64_t>(j) * a.mask_stride[3];
     if (a.mask_kind == 1) {

@@ -49,23 +49,6 @@ constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 #endif
 constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
 
-// softcap through MUFU ex2 / rcp in the general kernel instead of tanhf and an IEEE division
-// (kernel_common.cuh softcapped(); session 40: 7-9x the plain kernel's time with tanhf on the H100).
-// Compile time, off until the device has checked it (prepared in session 40, not yet run on a GPU).
-#ifndef OPSFUSE_HOPPER_FAST_SOFTCAP
-#define OPSFUSE_HOPPER_FAST_SOFTCAP 0
-#endif
-constexpr bool kFastSoftcap = OPSFUSE_HOPPER_FAST_SOFTCAP != 0;
-
-// The general kernel's mask loads batched ahead of their use, the mask's kind taken once per tile
-// (hopper_fwd.cuh score_batched; session 40: D = 256 with a padding mask 4x the plain kernel's time).
-// Its scores take the MUFU softcap whatever OPSFUSE_HOPPER_FAST_SOFTCAP says (with tanhf it spilled).
-// Compile time, off until the device has checked it (prepared in session 40, not yet run on a GPU).
-#ifndef OPSFUSE_HOPPER_BATCHED_MASK
-#define OPSFUSE_HOPPER_BATCHED_MASK 0
-#endif
-constexpr bool kBatchedMask = OPSFUSE_HOPPER_BATCHED_MASK != 0;
-
 // D = 256's general kernel takes its shared-memory base through a lane-0 shuffle (hopper_fwd.cuh;
 // session 40, H100: -0.5 to -1.3 % with masks and softcap). The macro (compile time, A/B builds): 0
 // turns it off.

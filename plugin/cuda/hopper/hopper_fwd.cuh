@@ -713,32 +713,76 @@ __global__ void __launch_bounds__(kThreads, 1)
         l_run[hh] = l_run[hh] * alpha[hh] + (sum0 + sum1);
       }
     };
-    // The general kernel's scores (kBatchedMask): full_score()'s contract, with the mask's kind taken
-    // once per tile (kind: 0 none, 1 bool, 2 additive) and the mask elements of kMaskChunk key
-    // columns loaded before any of them is used. full_score() per element branches on the kind and
-    // uses each load at once: every element of the tile waited for its own load in turn (D = 256
-    // with a padding mask: 4x the plain kernel's time, session 40).
-    auto score_batched = [&](int n0, int c0) {
+    // The general kernel's scores: full_score()'s contract (kernel_common.cuh), computed per tile
+    // rather than per element. full_score() branches on the mask's kind and uses each mask load at
+    // once, and its softcap is tanhf and an IEEE division (a slow-path call per score): 7-9x the plain
+    // kernel's time with softcap, 4x with a mask at D = 256 (session 40). Here the kind is read once
+    // per tile (0 none, 1 bool, 2 additive), the mask elements of kMaskChunk column groups are loaded
+    // before any of them is used, and softcap goes through MUFU:
+    //   cap tanh(v / cap) = cap - 2 cap / (2^(v 2 log2(e) / cap) + 1),
+    // kc = scale 2 log2(e) / cap taken once per tile. Emulated in float32 with the approximations'
+    // errors, the score's absolute error is <= 2.7e-5 at cap 50 (tanhf: ~5e-6), against ~0.02 for a
+    // float16 score's own rounding there; +-inf give +-cap, NaN stays NaN.
+    const float cap = a.softcap;
+    auto cap_exponent_scale = [&]() { return a.scale * (2.0f * kLog2e) * rcp_approx(cap); };
+    // Unmasked (softcap alone, Gemma 2's case): the key limits and the cap, no loads, no branches on
+    // the kind (through the masked loop below it took 1.7x as long, session 41); the result goes to
+    // the log2 domain directly (cap log2(e) - 2 cap log2(e) r: finite, so to_log2_units' bf16
+    // overflow case cannot arise).
+    auto score_unmasked = [&](int n0, int c0) {
+      if (cap > 0.0f) {
+        const float kc = cap_exponent_scale(), cl = cap * kLog2e;
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = n0 + i * 8 + c0 + (e & 1);
+            float& x = s[i * 4 + e];
+            const float r = rcp_approx(ex2(x * kc) + 1.0f);
+            x = j < key_limit[e >> 1] ? fmaf(-2.0f * cl, r, cl) : -INFINITY;
+          }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = n0 + i * 8 + c0 + (e & 1);
+            float& x = s[i * 4 + e];
+            x = j < key_limit[e >> 1] ? to_log2_units<T>(x * a.scale) : -INFINITY;
+          }
+      }
+    };
+    auto score_general = [&](int n0, int c0) {
       constexpr int kMaskChunk = kD == 128 ? 1 : 2;  // column groups per batch: 2 / 4 loads in flight per row (more spilled at D = 128)
       const int kind = a.mask_kind;
+      if (kind == 0) {
+        score_unmasked(n0, c0);
+        return;
+      }
+      const float kc = cap > 0.0f ? cap_exponent_scale() : 0.0f;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const RowInfo ri = row_info(hh);
-        const uint8_t* mrow = static_cast<const uint8_t*>(a.mask) + ri.mask_off * (kind == 2 ? 2 : 1);
-        const int64_t mstep = a.mask_stride[3] * (kind == 2 ? 2 : 1);  // bytes per key
+        const int64_t esize = kind == 2 ? 2 : 1;
+        const int64_t mstep = a.mask_stride[3] * esize;  // bytes per key
+        // Element (row, n0 + c0), then 8 keys on per column group: pointer steps, not a 64-bit
+        // product per element.
+        const uint8_t* mp = static_cast<const uint8_t*>(a.mask) + (ri.mask_off + static_cast<int64_t>(n0 + c0) * a.mask_stride[3]) * esize;
 #pragma unroll
         for (int i0 = 0; i0 < kBN / 8; i0 += kMaskChunk) {
           uint32_t m[kMaskChunk][2];
 #pragma unroll
-          for (int i = 0; i < kMaskChunk; ++i)
+          for (int i = 0; i < kMaskChunk; ++i) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int j = n0 + (i0 + i) * 8 + c0 + e;
-              const uint8_t* p = mrow + j * mstep;
+              const uint8_t* p = e == 0 ? mp : mp + mstep;
               m[i][e] = 0;
               if (kind != 0 && j < ri.key_limit)
                 m[i][e] = kind == 1 ? __ldg(p) : __ldg(reinterpret_cast<const unsigned short*>(p));
             }
+            mp += 8 * mstep;
+          }
 #pragma unroll
           for (int i = 0; i < kMaskChunk; ++i)
 #pragma unroll
@@ -746,7 +790,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               const int j = n0 + (i0 + i) * 8 + c0 + e;
               float& x = s[(i0 + i) * 4 + 2 * hh + e];
               float v = x * a.scale;
-              if (a.softcap > 0.0f) v = softcapped<T, true>(v, a.softcap);  // tanhf's branches spilled here
+              if (cap > 0.0f) v = fmaf(-2.0f * cap, rcp_approx(ex2(x * kc) + 1.0f), cap);
               const unsigned short bits = static_cast<unsigned short>(m[i][e]);
               if constexpr (std::is_same_v<T, __half>) v += kind == 2 ? __half2float(__ushort_as_half(bits)) : 0.0f;
               else v += kind == 2 ? __bfloat162float(__ushort_as_bfloat16(bits)) : 0.0f;
@@ -788,18 +832,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             s[i * 4 + e] = vis ? to_log2_units<T>(x) : -INFINITY;
           }
-      } else if constexpr (kV == kScoreMask && elementwise && kBatchedMask) {
-        score_batched(n0, c0);
       } else if constexpr (kV == kScoreMask && elementwise) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const RowInfo ri = row_info(hh);
-#pragma unroll
-          for (int i = 0; i < kBN / 8; ++i)
-#pragma unroll
-            for (int e = 2 * hh; e < 2 * hh + 2; ++e)
-              s[i * 4 + e] = full_score<T, kFastSoftcap>(a, s[i * 4 + e], ri, n0 + i * 8 + c0 + (e & 1));
-        }
+        score_general(n0, c0);
       } else if constexpr (kV == kScoreLimits) {
         const int lim[2] = {key_limit[0], key_limit[1]};
 #pragma unroll
