@@ -38,8 +38,10 @@ PREFILL256 = [(2, 16, 4096, 256, torch.bfloat16, 0), (2, 16, 4096, 256, torch.bf
 GENERAL256 = [(2, 16, 4096, 256, torch.bfloat16, "softcap"), (8, 16, 1024, 256, torch.bfloat16, "softcap"),
               (2, 16, 4096, 256, torch.bfloat16, "padmask")]
 # general: general256 and softcap at D = 128 and 64 (B=2 H=16 S=4096), the general kernel's other head
-# sizes (session 40: softcap 7-9x the plain kernel's time at every head size)
-GENERAL = GENERAL256 + [(2, 16, 4096, 128, torch.bfloat16, "softcap"), (2, 16, 4096, 64, torch.bfloat16, "softcap")]
+# sizes (session 40: softcap 7-9x the plain kernel's time at every head size), and softcap with the
+# padding mask (Gemma 2 batched: "capmask"; session 41's tile classes)
+GENERAL = GENERAL256 + [(2, 16, 4096, 128, torch.bfloat16, "softcap"), (2, 16, 4096, 64, torch.bfloat16, "softcap"),
+                        (2, 16, 4096, 128, torch.bfloat16, "capmask"), (2, 16, 4096, 256, torch.bfloat16, "capmask")]
 # d64: the Hopper kernel at D = 64 (the seed grid's and BERT's head size) from one to many items per
 # SM, to separate its per-key-tile rate from its fixed part (fp16, non-causal)
 D64 = [(1, 12, 512, 64, torch.float16, 0), (1, 12, 1024, 64, torch.float16, 0), (1, 12, 2048, 64, torch.float16, 0),
@@ -160,11 +162,12 @@ for name, make, causal in cases:
     if causal == "softcap":
         cudnn_fn = cudnn
         ops = lambda q, k, v: oc.fused_attention(q, k, v, softcap=50.0)  # noqa: E731
-    elif causal == "padmask":
+    elif causal in ("padmask", "capmask"):
         cudnn_fn = cudnn
         s_k = sets[0][1].shape[2]
         pad = torch.arange(s_k, device="cuda").view(1, 1, 1, s_k) < s_k - s_k // 8
-        ops = lambda q, k, v, pad=pad: oc.fused_attention(q, k, v, attn_mask=pad)  # noqa: E731
+        cap = 50.0 if causal == "capmask" else 0.0
+        ops = lambda q, k, v, pad=pad, cap=cap: oc.fused_attention(q, k, v, attn_mask=pad, softcap=cap)  # noqa: E731
     line = [name]
     if os.environ.get("AB_INTERLEAVED") == "1":
         def under(spec, fn, s):

@@ -249,6 +249,76 @@ def test_head_size_256_features(dtype, case, monkeypatch):
                            attrs.get("softcap", 0.0), what=f"D=256 {case} (seed {seed})")
 
 
+SHARED_ROW_MASK_CASES = {
+    # name: (b, hq, hkv, sq, sk, d), softcap, mask kind, visible keys per batch (None: random mixed)
+    "d256_bool_pad": ((3, 4, 2, 70, 300, 256), 0.0, "bool", [300, 129, 0]),
+    "d256_additive_pad_softcap": ((3, 2, 2, 65, 300, 256), 30.0, "additive", [64, 250, 300]),
+    "d256_bool_mixed": ((2, 2, 1, 40, 200, 256), 0.0, "bool", None),
+    "d128_softcap_bool_pad": ((2, 4, 4, 130, 520, 128), 50.0, "bool", [385, 128]),
+    "d64_softcap_additive_finite": ((2, 4, 2, 100, 300, 64), 20.0, "finite", [200, 17]),
+}
+
+
+def shared_row_mask(rng, dtype, b, sk, kind, lengths):
+    """A (B, 1, 1, Sk) mask, the same for every query row (mask_stride[2] == 0): a padding mask (the
+    first lengths[i] keys of batch i visible) as bool, additive 0 / -inf, or additive 0 / the
+    dtype's lowest finite value (a padded key is then not -inf, so no tile is uniformly masked); with
+    lengths None, random keys of each batch masked."""
+    if lengths is None:
+        visible = rng.random((b, sk)) < 0.7
+    else:
+        visible = np.arange(sk)[None, :] < np.asarray(lengths)[:, None]
+    visible = visible.reshape(b, 1, 1, sk)
+    if kind == "bool":
+        return visible
+    low = -np.inf if kind == "additive" else float(np.finfo(np.float16).min if dtype == np.float16 else -3.0e38)
+    return np.where(visible, 0.0, low).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", sorted(SHARED_ROW_MASK_CASES))
+def test_masks_shared_by_rows_in_the_general_kernel(dtype, case, monkeypatch):
+    """Padding-style masks (one row for every query) where the Hopper kernel scores through its
+    general path (D = 256 with any mask; D <= 128 with softcap and a mask), which classes each key
+    tile as all visible, all masked or mixed: tiles of every class, a tile cut by a batch's length,
+    a batch with every key masked (zeros), additive masks with -inf and with finite lowest values."""
+    (b, hq, hkv, sq, sk, d), softcap, kind, lengths = SHARED_ROW_MASK_CASES[case]
+    monkeypatch.setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1")
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, d)
+    mask = shared_row_mask(rng, dtype, b, sk, kind, lengths)
+    attrs = {"softcap": softcap} if softcap else {}
+    out = run_binding(q, k, v, attn_mask=mask, **attrs)
+    assert np.all(np.isfinite(out.astype(np.float64))), f"non-finite output (seed {seed})"
+    if lengths is not None and 0 in lengths:
+        assert np.all(out[list(lengths).index(0)].astype(np.float32) == 0), f"a fully masked batch is not zero (seed {seed})"
+    assert_within_2x_torch(out, q, k, v, mask, None, None, 0, softcap, what=f"{case} (seed {seed})")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+def test_strided_shared_row_mask(dtype, monkeypatch):
+    """A padding mask read through a view with a key stride of 3 (mask_stride[3] != 1, which the
+    pair-mask kernels do not take) at D = 256: the general kernel's tile classes load any layout."""
+    import torch
+
+    cuda = require_cuda_module()
+    monkeypatch.setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1")
+    rng, seed = fresh_rng()
+    b, sk = 2, 333
+    q, k, v = random_inputs(rng, dtype, b, 4, 4, 90, sk, 256, 256)
+    mask = shared_row_mask(rng, dtype, b, sk, "bool", [200, 64])
+    backing = torch.zeros((b, sk, 3), dtype=torch.bool, device="cuda")
+    backing[:, :, 1] = torch.from_numpy(mask.reshape(b, sk)).to("cuda")
+    view = backing[:, None, None, :, 1]
+    assert view.stride(-1) == 3
+    out = poisoned((b, 4, 90, 256), dtype)
+    cuda.fused_attention(to_device(q), to_device(k), to_device(v), view, None, out=out)
+    torch.cuda.synchronize()
+    result = to_numpy(out, dtype)
+    assert np.all(np.isfinite(result.astype(np.float64))), f"non-finite output (seed {seed})"
+    assert_within_2x_torch(result, q, k, v, mask, what=f"strided padding mask (seed {seed})")
+
+
 DYNAMIC_ORDER_ENVS = {
     "chosen": {},  # choose_plan's: the dynamic order for these shapes on an H100/H200
     "snake": {"OPSFUSE_CUDA_HOPPER_PERSISTENT": "1", "OPSFUSE_CUDA_HOPPER_DYNAMIC": "0"},

@@ -752,12 +752,55 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
       }
     };
+    // Masks the same for every query row (mask_stride[2] == 0: padding masks): each warp classes the
+    // tile's keys below len as all visible (bool != 0, additive +-0: x + mask == x), all masked (bool
+    // 0, additive -inf) or mixed, from kBN / 32 keys per lane; a uniform tile skips the per-score
+    // loads (score_unmasked, or -inf). D = 256 loads them at the start of the step (in flight through
+    // its waits); at D = 128 the 4 registers held there spilled, so the loads go out when the tile is
+    // scored. (The pair-mask kernels' tile classes need pair-aligned rows; these take any layout.)
+    constexpr int kClassKeys = kBN / 32;
+    constexpr bool kClassEarly = kD == 256;
+    const bool class_general = kElementwise && a.mask_kind != 0 && a.mask_stride[2] == 0;
+    uint32_t graw[kClassKeys];
+    auto general_class_load = [&](int it) {
+      if (!class_general) return;
+      const int64_t esize = a.mask_kind == 2 ? 2 : 1;
+      const int64_t step = a.mask_stride[3] * esize;
+      const int k0 = it * kBN + lane * kClassKeys;
+      const uint8_t* p = static_cast<const uint8_t*>(a.mask) + (row_info(0).mask_off + static_cast<int64_t>(k0) * a.mask_stride[3]) * esize;
+#pragma unroll
+      for (int e = 0; e < kClassKeys; ++e) {
+        graw[e] = 0;
+        if (k0 + e < len)
+          graw[e] = a.mask_kind == 1 ? __ldg(p + e * step) : __ldg(reinterpret_cast<const unsigned short*>(p + e * step));
+      }
+    };
     auto score_general = [&](int n0, int c0) {
       constexpr int kMaskChunk = kD == 128 ? 1 : 2;  // column groups per batch: 2 / 4 loads in flight per row (more spilled at D = 128)
       const int kind = a.mask_kind;
       if (kind == 0) {
         score_unmasked(n0, c0);
         return;
+      }
+      if (class_general) {
+        if constexpr (!kClassEarly) general_class_load(n0 / kBN);
+        constexpr uint32_t kNegInf = std::is_same_v<T, __half> ? 0xfc00u : 0xff80u;
+        bool visible = true, masked = true;
+#pragma unroll
+        for (int e = 0; e < kClassKeys; ++e) {
+          if (n0 + lane * kClassKeys + e >= len) continue;
+          visible = visible && (kind == 1 ? graw[e] != 0 : (graw[e] & 0x7fffu) == 0);
+          masked = masked && (kind == 1 ? graw[e] == 0 : graw[e] == kNegInf);
+        }
+        if (__all_sync(0xffffffffu, visible)) {
+          score_unmasked(n0, c0);
+          return;
+        }
+        if (__all_sync(0xffffffffu, masked)) {
+#pragma unroll
+          for (int i = 0; i < kBN / 2; ++i) s[i] = -INFINITY;
+          return;
+        }
       }
       const float kc = cap > 0.0f ? cap_exponent_scale() : 0.0f;
 #pragma unroll
@@ -1189,6 +1232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool first = kFirstInLoop && it == first_it;
         const int st = stage_of(it), prev = stage_of(it - kStride);  // prev: this warpgroup's previous tile
         if constexpr (kV == kScoreMask) load_mask(it);  // independent of S(it): in flight while the wgmmas run
+        if constexpr (kElementwise && kClassEarly) general_class_load(it);
         if (it + 1 < t_end) class_load(it + 1);
         if (!kLazy || rescale_due) rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added (first: O = 0, alpha = 1)
         OPSFUSE_HOPPER_TIMED(0, mbar_wait(bar_kfull(st), parity_of(it)));

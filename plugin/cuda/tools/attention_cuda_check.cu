@@ -617,6 +617,14 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 floorpad causal1 kl32 gqa2", BF, 6, 4, 2, 260, 390, 128, 128, 1, 0.f, MA, 5, 32},
       {"hop f16 d64 floorpad causal2 300", H, 6, 2, 2, 150, 300, 64, 64, 2, 0.f, MA, 5, 0},
       {"hop bf16 d64 floorpad odd Sk 301", BF, 6, 2, 1, 200, 301, 64, 64, 0, 0.f, MA, 5, 0},
+      // The general kernel's tile classes (D = 256 with any mask, softcap with a mask at D <= 128):
+      // padding masks of every class above scored through score_general (any layout, each tile
+      // voted on per warp), bool, additive -inf and lowest-value tails, causal and key_lengths.
+      {"hop bf16 d256 boolpad classes 300", BF, 6, 2, 1, 130, 300, 256, 256, 0, 0.f, MB, 3, 0},
+      {"hop f16 d256 addpad causal1 kl32", H, 6, 2, 2, 200, 330, 256, 256, 1, 0.f, MA, 3, 32},
+      {"hop bf16 d256 floorpad 260", BF, 6, 2, 2, 100, 260, 256, 256, 0, 0.f, MA, 5, 0},
+      {"hop f16 d128 boolpad softcap gqa2 520", H, 6, 4, 2, 130, 520, 128, 128, 0, 30.f, MB, 3, 0},
+      {"hop bf16 d64 addpad softcap causal2 300", BF, 6, 2, 2, 150, 300, 64, 64, 2, 20.f, MA, 3, 0},
       // Tail split (OPSFUSE_CUDA_HOPPER_TAIL_SPLIT=1): a persistent grid of clusters of 2 whose
       // last, partial round's items are split by key tiles and merged in distributed shared memory.
       // Row-tile counts for 132 SMs (H100 / H200; G = 132): the seed B=1 H=12 S=2048 (192, tail
