@@ -92,25 +92,46 @@ def compare(expected: dict, actual: dict) -> VerifyResult:
     return VerifyResult(ok, outs)
 
 
+class ModelRunError(RuntimeError):
+    """One of the two models failed in ONNX Runtime; `which` says which one."""
+
+    def __init__(self, which: str, exc: Exception):
+        text = str(exc).strip().splitlines()[0] if str(exc) else ""
+        super().__init__(f"{which}: {type(exc).__name__}: {text}")
+        self.which = which
+
+
+def _run(which: str, path, feeds: dict, names: list | None = None):
+    from opsfuse.ort_session import make_session
+
+    try:
+        session = make_session(os.fspath(path), intra_op_threads=1)
+        names = names or [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, feeds)))
+    except Exception as exc:
+        raise ModelRunError(which, exc) from exc
+
+
 def run_both(original: str | os.PathLike, rewritten: str | os.PathLike, shapes: dict | None = None,
              seed: int = 0, feeds: dict | None = None):
-    """Runs both models in ORT on the CPU; returns (feeds, original outputs, rewritten outputs)."""
+    """Runs both models in ORT on the CPU; returns (feeds, original outputs, rewritten outputs).
+    Raises ModelRunError naming the model that failed: an original that does not run on the
+    generated inputs is the model's problem (or the inputs': see --shape), not the rewrite's."""
     from opsfuse.model_inputs import generate_inputs
-    from opsfuse.ort_session import make_session
 
     if feeds is None:
         feeds = generate_inputs(onnx.load(os.fspath(original), load_external_data=False), shapes or {}, seed=seed)
-    s_orig = make_session(os.fspath(original), intra_op_threads=1)
-    s_new = make_session(os.fspath(rewritten), intra_op_threads=1)
-    names = [o.name for o in s_orig.get_outputs()]
-    expected = dict(zip(names, s_orig.run(names, feeds)))
-    actual = dict(zip(names, s_new.run(names, feeds)))
+    expected = _run("the original model does not run in ONNX Runtime on the generated inputs "
+                    "(the rewrite is not the cause; --shape sets other input shapes)", original, feeds)
+    actual = _run("the rewritten model does not run in ONNX Runtime", rewritten, feeds, list(expected))
     return feeds, expected, actual
 
 
 def verify(original, rewritten, shapes: dict | None = None, seed: int = 0) -> VerifyResult:
     try:
         _, expected, actual = run_both(original, rewritten, shapes, seed)
+    except ModelRunError as exc:
+        return VerifyResult(False, [], str(exc))
     except Exception as exc:
         return VerifyResult(False, [], f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}")
     return compare(expected, actual)

@@ -69,6 +69,43 @@ def test_rewrite_verify(model_path, tmp_path, capsys):
     assert "verify: ok" in capsys.readouterr().out
 
 
+def _reshape_model(target) -> onnx.ModelProto:
+    """X (batch, 5) -> Reshape(X, target) -> Y: with a target whose element count is not batch * 5
+    it fails when run (the kind of model an exporter can leave behind: shapes traced as constants)."""
+    from onnx import TensorProto, helper
+
+    shape = helper.make_tensor("shape", TensorProto.INT64, [len(target)], list(target))
+    graph = helper.make_graph([helper.make_node("Reshape", ["X", "shape"], ["Y"], name="/bad/Reshape")], "g",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 5])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [f"y{i}" for i in range(len(target))])],
+                              [shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_library
+def test_verify_blames_an_original_that_does_not_run(tmp_path, capsys):
+    """An original model that fails in ONNX Runtime on the generated inputs (CANINE's TorchScript
+    export does, session 41): --verify fails and says the original is the cause, not the rewrite."""
+    src = tmp_path / "broken.onnx"
+    onnx.save(_reshape_model((3, 7)), str(src))
+    assert main(["rewrite", str(src), "-o", str(tmp_path / "o.onnx"), "--verify"]) == 1
+    captured = capsys.readouterr()
+    assert "the original model does not run in ONNX Runtime" in captured.out
+    assert "the rewrite is not the cause" in captured.err
+
+
+@needs_library
+def test_verify_names_a_rewritten_model_that_does_not_run(tmp_path):
+    from opsfuse.graph_passes.verify import verify
+
+    good, bad = tmp_path / "good.onnx", tmp_path / "bad.onnx"
+    onnx.save(_reshape_model((-1,)), str(good))
+    onnx.save(_reshape_model((3, 7)), str(bad))
+    assert verify(good, good).ok
+    result = verify(good, bad)
+    assert not result.ok and result.error.startswith("the rewritten model does not run in ONNX Runtime")
+
+
 def _projection_model_path(tmp_path) -> Path:
     from test_pack_qkv import projection_model
 
