@@ -92,6 +92,10 @@ def compare(expected: dict, actual: dict) -> VerifyResult:
     return VerifyResult(ok, outs)
 
 
+# How a VerifyResult's error begins when the original model itself fails to run.
+ORIGINAL_FAILS = "the original model does not run in ONNX Runtime"
+
+
 class ModelRunError(RuntimeError):
     """One of the two models failed in ONNX Runtime; `which` says which one."""
 
@@ -121,8 +125,8 @@ def run_both(original: str | os.PathLike, rewritten: str | os.PathLike, shapes: 
 
     if feeds is None:
         feeds = generate_inputs(onnx.load(os.fspath(original), load_external_data=False), shapes or {}, seed=seed)
-    expected = _run("the original model does not run in ONNX Runtime on the generated inputs "
-                    "(the rewrite is not the cause; --shape sets other input shapes)", original, feeds)
+    expected = _run(f"{ORIGINAL_FAILS} on the generated inputs (the rewrite is not the cause; --shape sets "
+                    "other input shapes)", original, feeds)
     actual = _run("the rewritten model does not run in ONNX Runtime", rewritten, feeds, list(expected))
     return feeds, expected, actual
 

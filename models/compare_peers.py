@@ -46,7 +46,9 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "segformer": "vit", "pvt": "vit", "levit": "vit", "esm": "bert", "nemotron": "gpt2",
                   "persimmon": "gpt2", "glm": "gpt2", "smollm3": "gpt2", "exaone4": "gpt2", "olmo": "gpt2",
                   "pvt_v2": "vit", "roformer": "bert", "squeezebert": "bert", "megatron_bert": "bert",
-                  "rembert": "bert", "convbert": "bert", "umt5": "t5", "ctrl": "gpt2", "luke": "bert"}
+                  "rembert": "bert", "convbert": "bert", "umt5": "t5", "ctrl": "gpt2", "luke": "bert",
+                  "data2vec_text": "bert", "ibert": "bert", "hubert": "bert", "wavlm": "bert", "deit": "vit",
+                  "mbart": "bart", "blenderbot": "bart", "gemma": "gpt2"}
 
 
 def _quiet():

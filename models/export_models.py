@@ -146,18 +146,27 @@ def _encoder_decoder(model):
         "decoder_input_ids": {0: "batch", 1: "dec_seq"}}
 
 
-def _wav2vec2(attn):
-    import torch
-    import transformers as tf
+def _speech(config: str, model: str, **config_kwargs):
+    """The builder of a wav2vec2-style speech encoder (a small conv feature extractor, then the
+    transformer) on two 800-sample waveforms."""
 
-    cfg = tf.Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
-                            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
-                            do_stable_layer_norm=True, feat_extract_norm="layer", attn_implementation=attn)
-    model = tf.Wav2Vec2Model(cfg).eval()
-    wav = torch.randn(2, 800, generator=torch.Generator().manual_seed(0))
-    return _wrap(model, ["input_values"], lambda o: o.last_hidden_state), {"input_values": wav}, {
-        "input_values": {0: "batch", 1: "samples"}}
+    def build(attn):
+        import torch
+        import transformers as tf
+
+        cfg = getattr(tf, config)(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                  conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                  num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+                                  attn_implementation=attn, **config_kwargs)
+        encoder = getattr(tf, model)(cfg).eval()
+        wav = torch.randn(2, 800, generator=torch.Generator().manual_seed(0))
+        return _wrap(encoder, ["input_values"], lambda o: o.last_hidden_state), {"input_values": wav}, {
+            "input_values": {0: "batch", 1: "samples"}}
+
+    return build
+
+
+_wav2vec2 = _speech("Wav2Vec2Config", "Wav2Vec2Model", do_stable_layer_norm=True, feat_extract_norm="layer")
 
 
 def _whisper_encoder(attn):
@@ -418,6 +427,26 @@ SPECS = {
         # XLM / FlauBERT: the TorchScript export expands the mask to the scores' shape (expand_as)
         Spec("xlm", _hf("XLMConfig", "XLMModel", vocab_size=100, emb_dim=32, n_layers=2, n_heads=4), 2,
              "XLM encoder, padding mask expanded to the scores", attns=("eager",)),
+        # Session 41's probe (2026-12-06): each fused on its first export, outputs kept
+        Spec("data2vec_text", _hf("Data2VecTextConfig", "Data2VecTextModel", model_kwargs=_NO_POOLER,
+                                  max_position_embeddings=70, **_SMALL_ENC),
+             2, "Data2Vec text encoder, padding mask"),
+        Spec("ibert", _hf("IBertConfig", "IBertModel", model_kwargs=_NO_POOLER, max_position_embeddings=70, **_SMALL_ENC),
+             2, "I-BERT encoder (float mode), padding mask", attns=("eager",)),
+        Spec("hubert", _speech("HubertConfig", "HubertModel"), 2, "HuBERT speech encoder"),
+        # WavLM: a gated relative position bias, computed in the first layer and passed on, added to
+        # the scores of every layer
+        Spec("wavlm", _speech("WavLMConfig", "WavLMModel", num_buckets=16, max_bucket_distance=32),
+             2, "WavLM speech encoder: gated relative position bias", attns=("eager",)),
+        Spec("deit", _hf("DeiTConfig", "DeiTModel", tail=_image_model, model_kwargs=_NO_POOLER, image_size=32,
+                         patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+             2, "DeiT image encoder (class and distillation tokens)"),
+        Spec("mbart", _hf("MBartConfig", "MBartModel", tail=_encoder_decoder, **_SEQ2SEQ),
+             6, "mBART encoder-decoder (pre-norm): causal, padding, cross attention"),
+        Spec("blenderbot", _hf("BlenderbotConfig", "BlenderbotModel", tail=_encoder_decoder, **_SEQ2SEQ),
+             6, "Blenderbot encoder-decoder: causal, padding, cross attention"),
+        Spec("gemma", _hf("GemmaConfig", "GemmaModel", num_key_value_heads=2, head_dim=8, **_SMALL_DEC),
+             2, "Gemma decoder, GQA 4 / 2"),
     )
 }
 

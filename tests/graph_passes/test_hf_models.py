@@ -24,7 +24,7 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transf
 import export_models  # noqa: E402
 
 from opsfuse.graph_passes import fuse_attention, model_io  # noqa: E402
-from opsfuse.graph_passes.verify import verify  # noqa: E402
+from opsfuse.graph_passes.verify import ORIGINAL_FAILS, verify  # noqa: E402
 
 # Dynamo exports run in CI: the ONNX Attention op with a bool mask and with a mask of unproven
 # length (padded), GQA repeat-kv, T5's relative bias, Gemma 2's soft-capping, DeBERTa's head view
@@ -36,7 +36,7 @@ DYNAMO_CI = {("bert", "sdpa", 23), ("gpt2", "sdpa", 23), ("llama_gqa", "eager", 
 ALL = os.environ.get("OPSFUSE_ALL_EXPORTS") == "1"
 
 # Input shapes for --verify style runs where the default (batch 2, dims 16) does not fit the model.
-SHAPES = {"wav2vec2": {"input_values": (2, 800)}}
+SHAPES = {name: {"input_values": (2, 800)} for name in ("wav2vec2", "hubert", "wavlm")}
 
 VARIANTS = [
     (model, attn, exporter, opset)
@@ -115,18 +115,10 @@ def _check_variant(src, tmp_path, model):
     except LibraryNotBuiltError as exc:
         pytest.skip(f"structure checked; numerics need the opsfuse ORT library: {exc}")
     result = verify(src, dst, SHAPES.get(model))
-    if not result.ok and result.error:
-        # Tell apart a model the runtime cannot run at all (an exporter/ORT issue, e.g. opset 23
-        # RotaryEmbedding) from a failure of the rewritten model.
-        from opsfuse.model_inputs import generate_inputs
-
-        import onnxruntime as ort
-
-        feeds = generate_inputs(original, SHAPES.get(model) or {})
-        try:
-            ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, feeds)
-        except Exception as exc:
-            pytest.skip(f"the original model does not run in ONNX Runtime: {str(exc).splitlines()[0][:200]}")
+    if not result.ok and result.error.startswith(ORIGINAL_FAILS):
+        # A model the runtime cannot run at all (an exporter / ORT issue, e.g. opset 23
+        # RotaryEmbedding), not a failure of the rewritten model.
+        pytest.skip(result.error[:300])
     assert result.ok, result.format()
 
 
