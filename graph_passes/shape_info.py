@@ -243,6 +243,12 @@ def infer_shapes(model: ir.Model) -> ShapeMap:
                 shapes[name] = s
             else:  # keep the better-known dim of each axis
                 shapes[name] = tuple(o if _weaker(n, o) else n for n, o in zip(s, old))
+    from .shape_values import refine_reshapes
+
+    try:
+        log.debug("refined %d values from the Reshape targets the graph computes", refine_reshapes(model, shapes))
+    except Exception as exc:  # a help to the rules, never a reason to fail
+        log.debug("refining Reshape targets failed: %s", exc)
     return shapes
 
 

@@ -447,6 +447,11 @@ SPECS = {
              6, "Blenderbot encoder-decoder: causal, padding, cross attention"),
         Spec("gemma", _hf("GemmaConfig", "GemmaModel", num_key_value_heads=2, head_dim=8, **_SMALL_DEC),
              2, "Gemma decoder, GQA 4 / 2"),
+        # X-MOD: language adapters; its dynamo SDPA export builds K^T through views whose target is
+        # sliced from K's shape (graph_passes/shape_values.py)
+        Spec("xmod", _hf("XmodConfig", "XmodModel", model_kwargs=_NO_POOLER, max_position_embeddings=70,
+                         default_language="en_XX", languages=["en_XX"], **_SMALL_ENC),
+             2, "X-MOD encoder (language adapters), padding mask"),
     )
 }
 

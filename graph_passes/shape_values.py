@@ -1,0 +1,169 @@
+"""Reshape targets read from other values' shapes, where the shape inference lost them.
+
+The dynamo exporter's decomposed SDPA builds K^T as Reshape(Transpose(Reshape(K, [-1, S, D])),
+Concat(Slice(Shape(K), :-2), Slice(Shape(K), -1:), Slice(Shape(K), -2:-1))): the target is K's own
+(B, H) with D and S swapped, but ONNX Runtime's symbolic inference gives the result made-up dims
+(``unk__N``), and the rules cannot prove that K has Q's number of heads (session 41: X-MOD and SEW
+left alone). This pass evaluates such small integer tensors as lists of dims -- ints, the shape
+map's own symbols, or None -- through Shape, Slice, Gather, Concat, Unsqueeze, Squeeze, Cast and
+Identity, sets each Reshape's output to the target it reads, and carries the result through the
+elementwise ops that keep a shape (a scale multiplied in). A dim is only ever filled in where the
+map had none or a made-up one: a known dim is never replaced. Elementwise ops after a refined
+value take the broadcast of their inputs where it is provable (equal dims, or a 1 against the
+other), so that a mask added to refined scores is seen not to grow them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from .shape_info import Shape, ShapeMap
+
+_MAX_ELEMENTS = 16  # a shape tensor, not data
+_SAME_SHAPE_UNARY = {"Cast", "Identity", "Neg"}
+_SAME_SHAPE_BINARY = {"Mul", "Div", "Add", "Sub"}
+
+
+def _weak(d) -> bool:
+    return d is None or (isinstance(d, str) and d.startswith("unk__"))
+
+
+def _merge(old: Shape | None, new: Shape) -> Shape | None:
+    """`old` with its unknown or made-up dims taken from `new`; None when nothing changes."""
+    if old is None or len(old) != len(new):
+        return new if old is None else None
+    merged = tuple(n if _weak(o) and not _weak(n) else o for o, n in zip(old, new))
+    return merged if merged != old else None
+
+
+def _constant(value: ir.Value) -> list | None:
+    tensor = value.const_value
+    if tensor is None and value.producer() is not None and value.producer().op_type == "Constant":
+        attr = value.producer().attributes.get("value")
+        tensor = attr.value if attr is not None else None
+    if tensor is None or not tensor.dtype.is_integer():
+        return None
+    dims = tensor.shape.dims if tensor.shape is not None else None
+    if dims is None or len(dims) > 1 or int(np.prod(dims)) > _MAX_ELEMENTS:
+        return None  # never read a weight's bytes
+    arr = np.asarray(tensor.numpy())
+    if arr.dtype.kind not in "iu" or arr.ndim > 1 or arr.size > _MAX_ELEMENTS:
+        return None
+    return [int(x) for x in arr.reshape(-1)]
+
+
+def _attr(node: ir.Node, name: str, default=None):
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.value
+
+
+class _Values:
+    """Integer tensors of the graph as lists of dims, evaluated on demand."""
+
+    def __init__(self, shapes: ShapeMap):
+        self.shapes = shapes
+        self.known: dict[str, list] = {}
+
+    def of(self, value: ir.Value | None) -> list | None:
+        if value is None:
+            return None
+        if value.name in self.known:
+            return self.known[value.name]
+        return _constant(value)
+
+    def evaluate(self, node: ir.Node) -> list | None:
+        op, ins = node.op_type, list(node.inputs)
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        if op == "Shape":
+            s = self.shapes.get(ins[0].name) if ins[0] is not None else None
+            if s is None:
+                return None
+            return list(s)[_attr(node, "start", 0):_attr(node, "end", None)]
+        if op in ("Cast", "Identity"):
+            return self.of(ins[0])
+        if op == "Concat" and _attr(node, "axis", 0) in (0, -1):
+            parts = [self.of(v) for v in ins]
+            return None if any(p is None for p in parts) else [d for p in parts for d in p]
+        if op == "Slice":
+            data, starts, ends = self.of(ins[0]), self.of(ins[1]), self.of(ins[2])
+            axes = self.of(ins[3]) if len(ins) > 3 and ins[3] is not None else [0]
+            steps = self.of(ins[4]) if len(ins) > 4 and ins[4] is not None else [1]
+            if data is None or starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
+                return None
+            if axes not in ([0], [-1]) or steps != [1]:
+                return None
+            return data[starts[0]:ends[0]]
+        if op == "Gather" and _attr(node, "axis", 0) == 0:
+            data, idx = self.of(ins[0]), self.of(ins[1])
+            if data is None or idx is None or any(not -len(data) <= i < len(data) for i in idx):
+                return None
+            return [data[i] for i in idx]
+        if op in ("Unsqueeze", "Squeeze"):  # of a scalar or a 1-element list: the same single dim
+            data = self.of(ins[0])
+            return data if data is not None and len(data) == 1 else None
+        return None
+
+
+def _reshape_target(node: ir.Node, values: _Values, shapes: ShapeMap) -> Shape | None:
+    data, target = node.inputs[0], values.of(node.inputs[1])
+    if target is None:
+        return None
+    in_shape = shapes.get(data.name) if data is not None else None
+    allowzero = _attr(node, "allowzero", 0)
+    dims = []
+    for i, d in enumerate(target):
+        if d == 0 and not allowzero:
+            d = in_shape[i] if in_shape is not None and i < len(in_shape) else None
+        dims.append(None if d == -1 else d)
+    return tuple(dims)
+
+
+def _broadcast_dim(a, b):
+    """The broadcast of two dims where it is provable: equal ones, or a 1 against the other."""
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    return a if a == b and not _weak(a) else None
+
+
+def _elementwise_shape(node: ir.Node, shapes: ShapeMap) -> Shape | None:
+    """The output shape of an elementwise op: its input's (unary), or the two inputs' broadcast
+    (binary; a dim neither provably equal nor against a 1 stays unknown)."""
+    ins = [shapes.get(v.name) if v is not None else None for v in node.inputs]
+    if node.op_type in _SAME_SHAPE_UNARY:
+        return ins[0] if ins else None
+    if len(ins) != 2 or ins[0] is None or ins[1] is None:
+        return None
+    a, b = ins
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    return tuple(_broadcast_dim(x, y) for x, y in zip(a, b))
+
+
+def refine_reshapes(model: ir.Model, shapes: ShapeMap) -> int:
+    """Fills in the dims of Reshape outputs (and of the shape-keeping ops after them) that the
+    map lacks, from the targets the graph computes; returns how many values changed."""
+    values = _Values(shapes)
+    changed = 0
+    for node in model.graph:
+        if not node.outputs:
+            continue
+        out = node.outputs[0]
+        result = values.evaluate(node)
+        if result is not None and len(result) <= _MAX_ELEMENTS:
+            values.known[out.name] = result
+        new = None
+        if node.op_type == "Reshape" and node.domain in ("", "ai.onnx"):
+            new = _reshape_target(node, values, shapes)
+        elif node.domain in ("", "ai.onnx") and node.op_type in _SAME_SHAPE_UNARY | _SAME_SHAPE_BINARY:
+            new = _elementwise_shape(node, shapes)
+        if new is None:
+            continue
+        merged = _merge(shapes.get(out.name), new)
+        if merged is not None:
+            shapes[out.name] = merged
+            changed += 1
+    return changed
