@@ -48,7 +48,10 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "pvt_v2": "vit", "roformer": "bert", "squeezebert": "bert", "megatron_bert": "bert",
                   "rembert": "bert", "convbert": "bert", "umt5": "t5", "ctrl": "gpt2", "luke": "bert",
                   "data2vec_text": "bert", "ibert": "bert", "hubert": "bert", "wavlm": "bert", "deit": "vit",
-                  "mbart": "bart", "blenderbot": "bart", "gemma": "gpt2", "xmod": "bert"}
+                  "mbart": "bart", "blenderbot": "bart", "gemma": "gpt2", "xmod": "bert",
+                  "ernie": "bert", "markuplm": "bert", "splinter": "bert", "data2vec_audio": "bert",
+                  "unispeech": "bert", "data2vec_vision": "vit", "vit_msn": "vit", "ijepa": "vit", "plbart": "bart",
+                  "mt5": "t5", "falcon_gqa": "gpt2", "qwen2": "gpt2"}
 
 
 def _quiet():

@@ -214,6 +214,8 @@ _SEQ2SEQ = dict(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2, 
                 decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
                 pad_token_id=0, decoder_start_token_id=0, use_cache=False)  # bart-like encoder-decoders
 _NO_POOLER = {"add_pooling_layer": False}
+_SMALL_VISION = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64)  # ViT-like image encoders
 
 SPECS = {
     s.name: s
@@ -452,6 +454,35 @@ SPECS = {
         Spec("xmod", _hf("XmodConfig", "XmodModel", model_kwargs=_NO_POOLER, max_position_embeddings=70,
                          default_language="en_XX", languages=["en_XX"], **_SMALL_ENC),
              2, "X-MOD encoder (language adapters), padding mask"),
+        # Session 41's second probe: each fused on every export tried, outputs kept
+        Spec("ernie", _hf("ErnieConfig", "ErnieModel", model_kwargs=_NO_POOLER, max_position_embeddings=64,
+                          **_SMALL_ENC),
+             2, "ERNIE encoder, padding mask"),
+        Spec("markuplm", _hf("MarkupLMConfig", "MarkupLMModel", model_kwargs=_NO_POOLER, max_position_embeddings=70,
+                             **_SMALL_ENC),
+             2, "MarkupLM encoder (text only), padding mask", attns=("eager",)),
+        Spec("splinter", _hf("SplinterConfig", "SplinterModel", max_position_embeddings=64, **_SMALL_ENC),
+             2, "Splinter encoder, padding mask", attns=("eager",)),
+        Spec("data2vec_audio", _speech("Data2VecAudioConfig", "Data2VecAudioModel"), 2, "Data2Vec audio encoder"),
+        Spec("unispeech", _speech("UniSpeechConfig", "UniSpeechModel"), 2, "UniSpeech speech encoder"),
+        Spec("data2vec_vision", _hf("Data2VecVisionConfig", "Data2VecVisionModel", tail=_image_model,
+                                    model_kwargs=_NO_POOLER, use_relative_position_bias=True, **_SMALL_VISION),
+             2, "Data2Vec vision encoder, relative position bias"),
+        Spec("vit_msn", _hf("ViTMSNConfig", "ViTMSNModel", tail=_image_model, **_SMALL_VISION),
+             2, "ViT-MSN image encoder"),
+        Spec("ijepa", _hf("IJepaConfig", "IJepaModel", tail=_image_model, model_kwargs=_NO_POOLER, **_SMALL_VISION),
+             2, "I-JEPA image encoder"),
+        Spec("plbart", _hf("PLBartConfig", "PLBartModel", tail=_encoder_decoder, **_SEQ2SEQ),
+             6, "PLBart encoder-decoder: causal, padding, cross attention"),
+        Spec("mt5", _hf("MT5Config", "MT5Model", tail=_encoder_decoder, vocab_size=100, d_model=32, d_kv=8, d_ff=64,
+                        num_layers=2, num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                        relative_attention_max_distance=16, use_cache=False, decoder_start_token_id=0),
+             6, "mT5 encoder-decoder: relative position bias, causal, cross attention"),
+        Spec("falcon_gqa", _hf("FalconConfig", "FalconModel", hidden_size=32, num_attention_heads=4, num_kv_heads=2,
+                               new_decoder_architecture=True, use_cache=False, **_TINY),
+             2, "Falcon-40B-style decoder (new architecture), GQA 4 / 2"),
+        Spec("qwen2", _hf("Qwen2Config", "Qwen2Model", num_key_value_heads=2, **_SMALL_DEC),
+             2, "Qwen2 decoder, GQA 4 / 2"),
     )
 }
 

@@ -37,7 +37,7 @@ DYNAMO_CI = {("bert", "sdpa", 23), ("gpt2", "sdpa", 23), ("llama_gqa", "eager", 
 ALL = os.environ.get("OPSFUSE_ALL_EXPORTS") == "1"
 
 # Input shapes for --verify style runs where the default (batch 2, dims 16) does not fit the model.
-SHAPES = {name: {"input_values": (2, 800)} for name in ("wav2vec2", "hubert", "wavlm")}
+SHAPES = {name: {"input_values": (2, 800)} for name in ("wav2vec2", "hubert", "wavlm", "data2vec_audio", "unispeech")}
 
 VARIANTS = [
     (model, attn, exporter, opset)
