@@ -179,12 +179,14 @@ def _collect(proto: onnx.ModelProto, dtypes: dict) -> dict[str, Shape]:
     return out
 
 
+def weak_dim(d) -> bool:
+    """True for a dim that proves nothing: unknown, or a fresh symbol the inference made up (``unk__N``)."""
+    return d is None or (isinstance(d, str) and d.startswith("unk__"))
+
+
 def _weaker(new, old) -> bool:
-    """True when the inferred dim `new` says less than the dim `old` already in the model: unknown,
-    or a fresh symbol the inference made up (``unk__N``) where the exporter recorded a dim."""
-    if old is None:
-        return False
-    return new is None or (isinstance(new, str) and new.startswith("unk__"))
+    """True when the inferred dim `new` says less than the dim `old` already in the model."""
+    return old is not None and weak_dim(new)
 
 
 def infer_shapes(model: ir.Model) -> ShapeMap:

@@ -18,37 +18,39 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .shape_info import Shape, ShapeMap
+from .ir_utils import const_array, is_default_domain
+from .shape_info import Shape, ShapeMap, weak_dim
 
 _MAX_ELEMENTS = 16  # a shape tensor, not data
+_VALUE_OPS = {"Shape", "Cast", "Identity", "Concat", "Slice", "Gather", "Unsqueeze", "Squeeze"}
 _SAME_SHAPE_UNARY = {"Cast", "Identity", "Neg"}
-_SAME_SHAPE_BINARY = {"Mul", "Div", "Add", "Sub"}
-
-
-def _weak(d) -> bool:
-    return d is None or (isinstance(d, str) and d.startswith("unk__"))
+_ELEMENTWISE = _SAME_SHAPE_UNARY | {"Mul", "Div", "Add", "Sub"}
 
 
 def _merge(old: Shape | None, new: Shape) -> Shape | None:
     """`old` with its unknown or made-up dims taken from `new`; None when nothing changes."""
     if old is None or len(old) != len(new):
         return new if old is None else None
-    merged = tuple(n if _weak(o) and not _weak(n) else o for o, n in zip(old, new))
+    merged = tuple(n if weak_dim(o) and not weak_dim(n) else o for o, n in zip(old, new))
     return merged if merged != old else None
 
 
 def _constant(value: ir.Value) -> list | None:
-    tensor = value.const_value
-    if tensor is None and value.producer() is not None and value.producer().op_type == "Constant":
-        attr = value.producer().attributes.get("value")
-        tensor = attr.value if attr is not None else None
-    if tensor is None or not tensor.dtype.is_integer():
-        return None
-    dims = tensor.shape.dims if tensor.shape is not None else None
-    if dims is None or len(dims) > 1 or int(np.prod(dims)) > _MAX_ELEMENTS:
-        return None  # never read a weight's bytes
-    arr = np.asarray(tensor.numpy())
-    if arr.dtype.kind not in "iu" or arr.ndim > 1 or arr.size > _MAX_ELEMENTS:
+    """A small constant integer tensor (an initializer that is not a graph input, or a Constant
+    node) as a list, read through ir_utils.const_array once its size is known to be small: a
+    weight's bytes are never read."""
+    tensor, producer = value.const_value, value.producer()
+    if tensor is None and producer is not None and producer.op_type == "Constant":
+        attr = producer.attributes.get("value")
+        tensor = attr.as_tensor() if attr is not None and attr.type == ir.AttributeType.TENSOR else None
+    if tensor is not None:
+        dims = tensor.shape.dims if tensor.shape is not None else None
+        if not tensor.dtype.is_integer() or dims is None or len(dims) > 1 or int(np.prod(dims)) > _MAX_ELEMENTS:
+            return None
+    elif producer is None or producer.op_type != "Constant":
+        return None  # (a Constant's value_int / value_ints form: small by construction)
+    arr = const_array(value)
+    if arr is None or arr.dtype.kind not in "iu" or arr.ndim > 1 or arr.size > _MAX_ELEMENTS:
         return None
     return [int(x) for x in arr.reshape(-1)]
 
@@ -73,9 +75,10 @@ class _Values:
         return _constant(value)
 
     def evaluate(self, node: ir.Node) -> list | None:
-        op, ins = node.op_type, list(node.inputs)
-        if node.domain not in ("", "ai.onnx"):
+        op = node.op_type
+        if op not in _VALUE_OPS or not is_default_domain(node):
             return None
+        ins = list(node.inputs)
         if op == "Shape":
             s = self.shapes.get(ins[0].name) if ins[0] is not None else None
             if s is None:
@@ -126,7 +129,7 @@ def _broadcast_dim(a, b):
         return b
     if b == 1:
         return a
-    return a if a == b and not _weak(a) else None
+    return a if a == b and not weak_dim(a) else None
 
 
 def _elementwise_shape(node: ir.Node, shapes: ShapeMap) -> Shape | None:
@@ -156,9 +159,9 @@ def refine_reshapes(model: ir.Model, shapes: ShapeMap) -> int:
         if result is not None and len(result) <= _MAX_ELEMENTS:
             values.known[out.name] = result
         new = None
-        if node.op_type == "Reshape" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Reshape" and is_default_domain(node):
             new = _reshape_target(node, values, shapes)
-        elif node.domain in ("", "ai.onnx") and node.op_type in _SAME_SHAPE_UNARY | _SAME_SHAPE_BINARY:
+        elif node.op_type in _ELEMENTWISE and is_default_domain(node):
             new = _elementwise_shape(node, shapes)
         if new is None:
             continue

@@ -96,13 +96,16 @@ def compare(expected: dict, actual: dict) -> VerifyResult:
 ORIGINAL_FAILS = "the original model does not run in ONNX Runtime"
 
 
+def _describe(exc: Exception) -> str:
+    """The exception's type and the first line of its message."""
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+
+
 class ModelRunError(RuntimeError):
-    """One of the two models failed in ONNX Runtime; `which` says which one."""
+    """One of the two models failed in ONNX Runtime; the message begins by saying which."""
 
     def __init__(self, which: str, exc: Exception):
-        text = str(exc).strip().splitlines()[0] if str(exc) else ""
-        super().__init__(f"{which}: {type(exc).__name__}: {text}")
-        self.which = which
+        super().__init__(f"{which}: {_describe(exc)}")
 
 
 def _run(which: str, path, feeds: dict, names: list | None = None):
@@ -137,5 +140,5 @@ def verify(original, rewritten, shapes: dict | None = None, seed: int = 0) -> Ve
     except ModelRunError as exc:
         return VerifyResult(False, [], str(exc))
     except Exception as exc:
-        return VerifyResult(False, [], f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}")
+        return VerifyResult(False, [], _describe(exc))
     return compare(expected, actual)

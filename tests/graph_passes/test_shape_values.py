@@ -106,3 +106,17 @@ def test_weights_are_not_read():
     assert shape_values._constant(big) is None
     small = ir.Value(name="t", const_value=ir.tensor(np.array([2, -1, 8], dtype=np.int64)))
     assert shape_values._constant(small) == [2, -1, 8]
+
+
+def test_an_overridable_initializer_is_not_a_constant():
+    """An initializer that is also a graph input can be fed another value at run time: its stored
+    value proves nothing about the Reshape target it feeds."""
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "target"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 4, 8]),
+                               helper.make_tensor_value_info("target", TensorProto.INT64, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [_ints("target", [2, 4, 8])])
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    shapes = _shape_map({"x": ("B", 4, 8)})
+    assert refine_reshapes(model, shapes) == 0 and "y" not in shapes
+    model.graph.inputs.pop()  # the same initializer, no longer overridable
+    assert refine_reshapes(model, shapes) == 1 and shapes["y"] == (2, 4, 8)
