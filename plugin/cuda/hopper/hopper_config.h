@@ -49,15 +49,6 @@ constexpr bool kSumOnTensor = OPSFUSE_HOPPER_SUM_ON_TENSOR != 0;
 #endif
 constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
 
-// D = 256's general kernel skips the S product of a key tile that a mask shared by every query row
-// masks whole (kScoreNone, as the pair-mask kernels do): the tile classes are then loaded a tile
-// ahead and voted on once S of the tile before is in (hopper_fwd.cuh). Compile time, off: prepared in
-// session 41 without device time left to check or time it.
-#ifndef OPSFUSE_HOPPER_GENERAL_SKIP
-#define OPSFUSE_HOPPER_GENERAL_SKIP 0
-#endif
-constexpr bool kGeneralSkip = OPSFUSE_HOPPER_GENERAL_SKIP != 0;
-
 // D = 256's general kernel takes its shared-memory base through a lane-0 shuffle (hopper_fwd.cuh;
 // session 40, H100: -0.5 to -1.3 % with masks and softcap). The macro (compile time, A/B builds): 0
 // turns it off.

@@ -760,11 +760,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // scored. (The pair-mask kernels' tile classes need pair-aligned rows; these take any layout.)
     constexpr int kClassKeys = kBN / 32;
     constexpr bool kClassEarly = kD == 256;
-    // OPSFUSE_HOPPER_GENERAL_SKIP (D = 256): the class of tile it + 1 is loaded in step(it) and voted
-    // on after S(it) is in (class_load / class_vote below), so that an all-masked tile skips its S
-    // product (kScoreNone); tile_cls is the class of the tile being scored.
-    constexpr bool kSkipMasked = kGeneralSkip && kElementwise && kClassEarly;
-    [[maybe_unused]] int tile_cls = kTileMixed;
     const bool class_general = kElementwise && a.mask_kind != 0 && a.mask_stride[2] == 0;
     uint32_t graw[kClassKeys];
     auto general_class_load = [&](int it) {
@@ -780,20 +775,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           graw[e] = a.mask_kind == 1 ? __ldg(p + e * step) : __ldg(reinterpret_cast<const unsigned short*>(p + e * step));
       }
     };
-    // The class of the tile at key n0 from graw: kBN all visible, 0 all masked, else kTileMixed.
-    auto general_class_vote = [&](int n0) {
-      const int kind = a.mask_kind;
-      constexpr uint32_t kNegInf = std::is_same_v<T, __half> ? 0xfc00u : 0xff80u;
-      bool visible = true, masked = true;
-#pragma unroll
-      for (int e = 0; e < kClassKeys; ++e) {
-        if (n0 + lane * kClassKeys + e >= len) continue;
-        visible = visible && (kind == 1 ? graw[e] != 0 : (graw[e] & 0x7fffu) == 0);
-        masked = masked && (kind == 1 ? graw[e] == 0 : graw[e] == kNegInf);
-      }
-      if (__all_sync(0xffffffffu, visible)) return kBN;
-      return __all_sync(0xffffffffu, masked) ? 0 : kTileMixed;
-    };
     auto score_general = [&](int n0, int c0) {
       constexpr int kMaskChunk = kD == 128 ? 1 : 2;  // column groups per batch: 2 / 4 loads in flight per row (more spilled at D = 128)
       const int kind = a.mask_kind;
@@ -801,12 +782,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         score_unmasked(n0, c0);
         return;
       }
-      if (class_general && kSkipMasked) {
-        if (tile_cls == kBN) {  // (an all-masked tile took kScoreNone)
-          score_unmasked(n0, c0);
-          return;
-        }
-      } else if (class_general) {
+      if (class_general) {
         if constexpr (!kClassEarly) general_class_load(n0 / kBN);
         constexpr uint32_t kNegInf = std::is_same_v<T, __half> ? 0xfc00u : 0xff80u;
         bool visible = true, masked = true;
@@ -1110,15 +1086,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto class_load = [&](int it) {
       if constexpr (kPairMask) {
         if (classify) tile_class_load<kMaskBytes>(craw, mrow0, it * kBN, len, lane);
-      } else if constexpr (kSkipMasked) {
-        general_class_load(it);
       }
     };
     auto class_vote = [&](int it) {
       if constexpr (kPairMask) {
         if (classify) return tile_class_vote<T, kMaskBytes>(craw, it * kBN, len, lane);
-      } else if constexpr (kSkipMasked) {
-        if (class_general) return general_class_vote(it * kBN);
       }
       return kTileMixed;
     };
@@ -1133,13 +1105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (is_boundary(it)) f(ScoringV<kScoreLimits>{});
         else f(ScoringV<kScoreFast>{});
       } else if constexpr (kMode == kGeneral) {
-        if constexpr (kSkipMasked) {
-          tile_cls = cls;
-          if (cls == 0) f(ScoringV<kScoreNone>{});
-          else f(ScoringV<kScoreMask>{});
-        } else {
-          f(ScoringV<kScoreMask>{});
-        }
+        f(ScoringV<kScoreMask>{});
       } else {
         // A visible-prefix or boundary tile takes the mask variant too: its pair loads read the
         // prefix's end from the mask itself, and the loop body carries one variant less (~1,100
@@ -1266,7 +1232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool first = kFirstInLoop && it == first_it;
         const int st = stage_of(it), prev = stage_of(it - kStride);  // prev: this warpgroup's previous tile
         if constexpr (kV == kScoreMask) load_mask(it);  // independent of S(it): in flight while the wgmmas run
-        if constexpr (kElementwise && kClassEarly && !kSkipMasked) general_class_load(it);
+        if constexpr (kElementwise && kClassEarly) general_class_load(it);
         if (it + 1 < t_end) class_load(it + 1);
         if (!kLazy || rescale_due) rescale_o();  // O *= alpha(it - 1), before P(it-1) V(it-1) is added (first: O = 0, alpha = 1)
         OPSFUSE_HOPPER_TIMED(0, mbar_wait(bar_kfull(st), parity_of(it)));
