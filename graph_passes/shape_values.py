@@ -8,8 +8,10 @@ left alone). This pass evaluates such small integer tensors as lists of dims -- 
 map's own symbols, or None -- through Shape, Slice, Gather, Concat, Unsqueeze, Squeeze, Cast and
 Identity, sets each Reshape's output to the target it reads, and carries the result through the
 elementwise ops that keep a shape (a scale multiplied in). A dim is only ever filled in where the
-map had none or a made-up one: a known dim is never replaced. Elementwise ops after a refined
-value take the broadcast of their inputs where it is provable (equal dims, or a 1 against the
+map had none or a made-up one: a known dim is never replaced. A target's -1 is the input's size
+over the other dims where they cancel to integers. Transposes carry a refined shape, permuted,
+and MatMuls their inputs' batch broadcast and (rows, columns);
+elementwise ops after a refined value take the broadcast of their inputs where it is provable (equal dims, or a 1 against the
 other), so that a mask added to refined scores is seen not to grow them.
 """
 
@@ -119,8 +121,25 @@ def _reshape_target(node: ir.Node, values: _Values, shapes: ShapeMap) -> Shape |
     for i, d in enumerate(target):
         if d == 0 and not allowzero:
             d = in_shape[i] if in_shape is not None and i < len(in_shape) else None
-        dims.append(None if d == -1 else d)
-    return tuple(dims)
+        dims.append(d)
+    if dims.count(-1) == 1 and in_shape is not None:
+        dims[dims.index(-1)] = _inferred_dim(in_shape, [d for d in dims if d != -1])
+    return tuple(None if d == -1 else d for d in dims)
+
+
+def _inferred_dim(in_shape: Shape, others: list):
+    """A Reshape target's -1: the input's size over the other target dims, where the two agree on
+    every dim but integers (a symbol cancels against the same symbol, as same_dim takes them to be
+    equal); None where something else is left (an unknown dim, or a symbol on one side only)."""
+    left, right = list(in_shape), list(others)
+    for d in list(right):
+        if isinstance(d, str) and d in left:
+            left.remove(d)
+            right.remove(d)
+    if not all(isinstance(d, int) and d > 0 for d in left + right):
+        return None
+    num, den = int(np.prod(left, dtype=np.int64)), int(np.prod(right, dtype=np.int64))
+    return num // den if den > 0 and num % den == 0 else None
 
 
 def _broadcast_dim(a, b):
@@ -140,10 +159,36 @@ def _elementwise_shape(node: ir.Node, shapes: ShapeMap) -> Shape | None:
         return ins[0] if ins else None
     if len(ins) != 2 or ins[0] is None or ins[1] is None:
         return None
-    a, b = ins
+    return _broadcast_shape(tuple(ins[0]), tuple(ins[1]))
+
+
+def _broadcast_shape(a: Shape, b: Shape) -> Shape:
+    """Numpy-style broadcast of two shapes, dim by dim where provable (else None)."""
     rank = max(len(a), len(b))
-    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    a, b = (1,) * (rank - len(a)) + a, (1,) * (rank - len(b)) + b
     return tuple(_broadcast_dim(x, y) for x, y in zip(a, b))
+
+
+def _transposed_shape(node: ir.Node, shapes: ShapeMap) -> Shape | None:
+    """A Transpose's output shape: its input's, permuted (perm absent: reversed)."""
+    s = shapes.get(node.inputs[0].name) if node.inputs and node.inputs[0] is not None else None
+    if s is None:
+        return None
+    perm = _attr(node, "perm", None)
+    perm = list(perm) if perm is not None else list(range(len(s)))[::-1]
+    if sorted(perm) != list(range(len(s))):
+        return None
+    return tuple(s[p] for p in perm)
+
+
+def _matmul_shape(node: ir.Node, shapes: ShapeMap) -> Shape | None:
+    """A MatMul's output shape for inputs of rank >= 2: the provable broadcast of the batch dims,
+    then (rows of A, columns of B)."""
+    a, b = (shapes.get(v.name) if v is not None else None for v in node.inputs[:2])
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return None
+    batch = _broadcast_shape(tuple(a[:-2]), tuple(b[:-2]))
+    return batch + (a[-2], b[-1])
 
 
 def refine_reshapes(model: ir.Model, shapes: ShapeMap) -> int:
@@ -163,6 +208,10 @@ def refine_reshapes(model: ir.Model, shapes: ShapeMap) -> int:
             new = _reshape_target(node, values, shapes)
         elif node.op_type in _ELEMENTWISE and is_default_domain(node):
             new = _elementwise_shape(node, shapes)
+        elif node.op_type == "Transpose" and is_default_domain(node):
+            new = _transposed_shape(node, shapes)
+        elif node.op_type == "MatMul" and is_default_domain(node):
+            new = _matmul_shape(node, shapes)
         if new is None:
             continue
         merged = _merge(shapes.get(out.name), new)

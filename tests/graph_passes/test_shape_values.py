@@ -62,8 +62,8 @@ def test_k_transpose_and_masked_scores_get_their_dims():
     shapes = _shape_map({"Q": ("B", 4, "S", 8), "K": ("B", 4, "S", 8), "mask": ("B", 1, 1, "S"), "scale": (),
                          "kt": ("B", "unk__3", 8, "S"), "kts": ("B", "unk__3", 8, "S"),
                          "scores": ("B", 4, "S", "S"), "masked": ("unk__7", 4, "S", "unk__9")})
-    assert refine_reshapes(model, shapes) == 4  # k3 (-1 -> None, S, 8), kt, kts, masked
-    assert shapes["k3"] == (None, "S", 8)
+    assert refine_reshapes(model, shapes) == 5  # k3 (-1 -> None: B is left over), k3t, kt, kts, masked
+    assert shapes["k3"] == (None, "S", 8) and shapes["k3t"] == (None, 8, "S")
     assert shapes["kt"] == shapes["kts"] == ("B", 4, 8, "S")
     assert shapes["masked"] == ("B", 4, "S", "S")
 
@@ -120,3 +120,70 @@ def test_an_overridable_initializer_is_not_a_constant():
     assert refine_reshapes(model, shapes) == 0 and "y" not in shapes
     model.graph.inputs.pop()  # the same initializer, no longer overridable
     assert refine_reshapes(model, shapes) == 1 and shapes["y"] == (2, 4, 8)
+
+
+def heads_view(names: tuple = ("X", "X"), d: int = 8) -> onnx.ModelProto:
+    """Q.K^T as TorchScript exports SEW's attention: each of Q, K (B, S, 32) viewed as
+    (Shape(src)[0], Shape(src)[1], -1, d), transposed to heads first (K to (B, H, d, S)), then the
+    product. `names` are the tensors whose Shape gives the first two dims of Q's and K's targets."""
+    nodes, inits = [], [_ints("zero", [0]), _ints("m1", [-1]), _ints("d", [d])]
+    for t, src, perm in (("q", names[0], [0, 2, 1, 3]), ("k", names[1], [0, 2, 3, 1])):
+        nodes += [helper.make_node("Shape", [src], [f"{t}_shp"]),
+                  helper.make_node("Gather", [f"{t}_shp", "i0"], [f"{t}_b"], axis=0),
+                  helper.make_node("Gather", [f"{t}_shp", "i1"], [f"{t}_s"], axis=0),
+                  helper.make_node("Unsqueeze", [f"{t}_b", "zero"], [f"{t}_b1"]),
+                  helper.make_node("Unsqueeze", [f"{t}_s", "zero"], [f"{t}_s1"]),
+                  helper.make_node("Concat", [f"{t}_b1", f"{t}_s1", "m1", "d"], [f"{t}_target"], axis=0),
+                  helper.make_node("Reshape", [t.upper(), f"{t}_target"], [f"{t}4"]),
+                  helper.make_node("Transpose", [f"{t}4"], [f"{t}h"], perm=perm)]
+    nodes.append(helper.make_node("MatMul", ["qh", "kh"], ["scores"]))
+    inits += [numpy_helper.from_array(np.array(0, dtype=np.int64), "i0"),
+              numpy_helper.from_array(np.array(1, dtype=np.int64), "i1")]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Q", "K", "X", "Y")]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("scores", TensorProto.FLOAT, None)],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_minus_one_target_dim_is_the_input_size_over_the_others():
+    """SEW's TorchScript export (session 42): the heads dim of Q and K is a -1 in the view, which the
+    symbolic inference made up separately for each; it is 32 / 8 = 4, and the transposes and the
+    product carry it to the scores."""
+    model = ir.from_proto(heads_view())
+    shapes = _shape_map({"X": ("B", "S", 32), "Q": ("B", "S", 32), "K": ("B", "S", 32),
+                         "q4": ("B", "S", "unk__1", 8), "qh": ("B", "unk__1", "S", 8),
+                         "k4": ("B", "S", "unk__2", 8), "kh": ("B", "unk__2", 8, "S"),
+                         "scores": ("B", "unk__3", "S", "S")})
+    refine_reshapes(model, shapes)
+    assert shapes["q4"] == shapes["k4"] == ("B", "S", 4, 8)
+    assert shapes["qh"] == ("B", 4, "S", 8) and shapes["kh"] == ("B", 4, 8, "S")
+    assert shapes["scores"] == ("B", 4, "S", "S")
+
+
+@pytest.mark.parametrize("x,q", [
+    (("C", "S", 32), ("B", "S", 32)),  # Q's target reads another tensor's batch (C), Q has B
+    (("B", "S", 32), ("B", "S", None)),  # Q's size unknown
+    (("B", "S", 32), ("B", "S", 36)),  # 36 / 8 is not whole
+])
+def test_a_minus_one_dim_is_left_unknown_where_it_is_not_provable(x, q):
+    model = ir.from_proto(heads_view(names=("X", "K")))
+    shapes = _shape_map({"X": x, "Q": q, "K": ("B", "S", 32)})
+    refine_reshapes(model, shapes)
+    assert shapes["q4"][2] is None
+    assert shapes["k4"] == ("B", "S", 4, 8)  # K's own target cancels
+    assert shapes["scores"][1] is None  # heads: 4 against an unknown, not provably equal
+
+
+@pytest.mark.parametrize("a,b,expect", [(("B", 4, "S", 8), ("B", 4, 8, "T"), ("B", 4, "S", "T")),
+                                        (("B", 4, "S", 8), (1, 4, 8, "T"), ("B", 4, "S", "T")),
+                                        (("B", 4, "S", 8), ("C", 4, 8, "T"), (None, 4, "S", "T")),
+                                        (("S", 8), (4, 8, "T"), (4, "S", "T"))])
+def test_matmul_batch_dims_broadcast_only_where_provable(a, b, expect):
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "g",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a)),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    shapes = _shape_map({"a": a, "b": b})
+    refine_reshapes(model, shapes)
+    assert shapes["y"] == expect
