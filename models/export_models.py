@@ -483,6 +483,9 @@ SPECS = {
              2, "Falcon-40B-style decoder (new architecture), GQA 4 / 2"),
         Spec("qwen2", _hf("Qwen2Config", "Qwen2Model", num_key_value_heads=2, **_SMALL_DEC),
              2, "Qwen2 decoder, GQA 4 / 2"),
+        # SEW: the sequence squeezed by a strided pooling before the encoder; TorchScript views the heads
+        # as a -1 (graph_passes/shape_values.py infers it from the input's size)
+        Spec("sew", _speech("SEWConfig", "SEWModel", squeeze_factor=2), 2, "SEW speech encoder (squeezed sequence)"),
     )
 }
 
