@@ -51,7 +51,7 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "mbart": "bart", "blenderbot": "bart", "gemma": "gpt2", "xmod": "bert",
                   "ernie": "bert", "markuplm": "bert", "splinter": "bert", "data2vec_audio": "bert",
                   "unispeech": "bert", "data2vec_vision": "vit", "vit_msn": "vit", "ijepa": "vit", "plbart": "bart",
-                  "mt5": "t5", "falcon_gqa": "gpt2", "qwen2": "gpt2"}
+                  "mt5": "t5", "falcon_gqa": "gpt2", "qwen2": "gpt2", "sew": "bert"}
 
 
 def _quiet():
