@@ -9,10 +9,11 @@ map's own symbols, or None -- through Shape, Slice, Gather, Concat, Unsqueeze, S
 Identity, sets each Reshape's output to the target it reads, and carries the result through the
 elementwise ops that keep a shape (a scale multiplied in). A dim is only ever filled in where the
 map had none or a made-up one: a known dim is never replaced. A target's -1 is the input's size
-over the other dims where they cancel to integers. Transposes carry a refined shape, permuted,
-and MatMuls their inputs' batch broadcast and (rows, columns);
-elementwise ops after a refined value take the broadcast of their inputs where it is provable (equal dims, or a 1 against the
-other), so that a mask added to refined scores is seen not to grow them.
+over the other dims where they cancel to integers (SEW's TorchScript views, session 42).
+Transposes carry a refined shape, permuted, and MatMuls give their inputs' batch broadcast and
+(rows, columns); elementwise ops after a refined value take the broadcast of their inputs where
+it is provable (equal dims, or a 1 against the other), so that a mask added to refined scores is
+seen not to grow them.
 """
 
 from __future__ import annotations
