@@ -51,7 +51,11 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "mbart": "bart", "blenderbot": "bart", "gemma": "gpt2", "xmod": "bert",
                   "ernie": "bert", "markuplm": "bert", "splinter": "bert", "data2vec_audio": "bert",
                   "unispeech": "bert", "data2vec_vision": "vit", "vit_msn": "vit", "ijepa": "vit", "plbart": "bart",
-                  "mt5": "t5", "falcon_gqa": "gpt2", "qwen2": "gpt2", "sew": "bert"}
+                  "mt5": "t5", "falcon_gqa": "gpt2", "qwen2": "gpt2", "sew": "bert",
+                  "deepseek_v3": "gpt2", "w2v2_conformer_rel": "bert", "w2v2_conformer_rot": "bert",
+                  "layoutlmv3": "bert", "modernbert_decoder": "gpt2", "olmo3": "gpt2", "eurobert": "bert",
+                  "vaultgemma": "gpt2", "bitnet": "gpt2", "seed_oss": "gpt2", "hunyuan_dense": "gpt2", "arcee": "gpt2",
+                  "glm4": "gpt2", "apertus": "gpt2"}
 
 
 def _quiet():

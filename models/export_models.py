@@ -486,6 +486,51 @@ SPECS = {
         # SEW: the sequence squeezed by a strided pooling before the encoder; TorchScript views the heads
         # as a -1 (graph_passes/shape_values.py infers it from the input's size)
         Spec("sew", _speech("SEWConfig", "SEWModel", squeeze_factor=2), 2, "SEW speech encoder (squeezed sequence)"),
+        # Session 42's probe: each fused on every export that ran, outputs kept
+        # DeepSeek-V3: multi-head latent attention, Q.K over 12 dims (8 + 4 rotary), V of 8 (Dv != D);
+        # the two layers dense (first_k_dense_replace), as its MoE routing does not export
+        Spec("deepseek_v3", _hf("DeepseekV3Config", "DeepseekV3Model", num_key_value_heads=4, q_lora_rank=None,
+                                kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                                first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                                topk_group=1, **_SMALL_DEC),
+             2, "DeepSeek-V3 decoder: latent attention, head sizes 12 (Q.K) and 8 (V)"),
+        Spec("w2v2_conformer_rel", _speech("Wav2Vec2ConformerConfig", "Wav2Vec2ConformerModel",
+                                           position_embeddings_type="relative"),
+             2, "Wav2Vec2-Conformer: Transformer-XL relative position scores added"),
+        Spec("w2v2_conformer_rot", _speech("Wav2Vec2ConformerConfig", "Wav2Vec2ConformerModel",
+                                           position_embeddings_type="rotary"),
+             2, "Wav2Vec2-Conformer: rotary"),
+        # LayoutLMv3 (text only): the 1-D and 2-D relative position biases summed and added to the scores
+        Spec("layoutlmv3", _hf("LayoutLMv3Config", "LayoutLMv3Model", visual_embed=False, max_position_embeddings=70,
+                               max_2d_position_embeddings=128, coordinate_size=6, shape_size=4, rel_pos_bins=8,
+                               max_rel_pos=16, rel_2d_pos_bins=8, max_rel_2d_pos=32, **_SMALL_ENC),
+             2, "LayoutLMv3 encoder (text): 1-D and 2-D relative position biases"),
+        Spec("modernbert_decoder", _hf("ModernBertDecoderConfig", "ModernBertDecoderModel", hidden_size=32,
+                                       num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                       vocab_size=100, max_position_embeddings=64, global_attn_every_n_layers=2,
+                                       local_attention=8, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                       cls_token_id=1, sep_token_id=2),
+             2, "ModernBERT decoder: local (sliding) and global causal layers"),
+        Spec("olmo3", _hf("Olmo3Config", "Olmo3Model", num_key_value_heads=2, sliding_window=8, eos_token_id=2,
+                         **_SMALL_DEC),
+             2, "OLMo 3 decoder: sliding window, GQA 4 / 2"),
+        Spec("eurobert", _hf("EuroBertConfig", "EuroBertModel", num_key_value_heads=4, pad_token_id=0, bos_token_id=1,
+                            eos_token_id=2, mask_token_id=3, **_SMALL_DEC),
+             2, "EuroBERT encoder: rotary, padding mask"),
+        Spec("vaultgemma", _hf("VaultGemmaConfig", "VaultGemmaModel", num_key_value_heads=2, head_dim=8, sliding_window=8,
+                               **_SMALL_DEC),
+             2, "VaultGemma decoder", attns=("eager",)),
+        Spec("bitnet", _hf("BitNetConfig", "BitNetModel", num_key_value_heads=2, **_SMALL_DEC), 2, "BitNet decoder"),
+        Spec("seed_oss", _hf("SeedOssConfig", "SeedOssModel", num_key_value_heads=2, head_dim=8, **_SMALL_DEC),
+             2, "Seed-OSS decoder, GQA 4 / 2"),
+        Spec("hunyuan_dense", _hf("HunYuanDenseV1Config", "HunYuanDenseV1Model", num_key_value_heads=2, head_dim=8,
+                                  **_SMALL_DEC),
+             2, "Hunyuan dense decoder: Q / K norms, GQA 4 / 2"),
+        Spec("arcee", _hf("ArceeConfig", "ArceeModel", num_key_value_heads=2, **_SMALL_DEC), 2, "Arcee decoder, GQA 4 / 2"),
+        # Dynamo only: GLM-4's and Apertus's TorchScript exports fail
+        Spec("glm4", _hf("Glm4Config", "Glm4Model", num_key_value_heads=2, head_dim=8, pad_token_id=0, **_SMALL_DEC),
+             2, "GLM-4 decoder, partial rotary, GQA 4 / 2"),
+        Spec("apertus", _hf("ApertusConfig", "ApertusModel", num_key_value_heads=2, **_SMALL_DEC), 2, "Apertus decoder"),
     )
 }
 

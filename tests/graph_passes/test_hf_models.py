@@ -31,14 +31,18 @@ from opsfuse.graph_passes.verify import ORIGINAL_FAILS, verify  # noqa: E402
 # of bmm scores with constant target pieces, XGLM's Softmax between views with the finfo.min clamp,
 # GLM and PVT v2 (whose TorchScript exports fail: their only variants are dynamo's), X-MOD's SDPA
 # (K^T through views whose target is sliced from K's shape), SEW's SDPA (its keys dim after the
-# squeeze's strided pooling, known only through the views).
+# squeeze's strided pooling, known only through the views); GLM-4 and Apertus, whose TorchScript
+# exports fail.
 DYNAMO_CI = {("bert", "sdpa", 23), ("gpt2", "sdpa", 23), ("llama_gqa", "eager", 18), ("t5", "sdpa", 18),
              ("gemma2", "eager", 18), ("deberta_v3", "eager", 18), ("xglm", "eager", 18), ("glm", "eager", 18),
-             ("pvt_v2", "eager", 18), ("xmod", "sdpa", 18), ("sew", "sdpa", 18)}
+             ("pvt_v2", "eager", 18), ("xmod", "sdpa", 18), ("sew", "sdpa", 18),
+             ("glm4", "eager", 18), ("apertus", "eager", 18)}
 ALL = os.environ.get("OPSFUSE_ALL_EXPORTS") == "1"
 
 # Input shapes for --verify style runs where the default (batch 2, dims 16) does not fit the model.
-SHAPES = {name: {"input_values": (2, 800)} for name in ("wav2vec2", "hubert", "wavlm", "data2vec_audio", "unispeech", "sew")}
+SPEECH = ("wav2vec2", "hubert", "wavlm", "data2vec_audio", "unispeech", "sew", "w2v2_conformer_rel",
+          "w2v2_conformer_rot")
+SHAPES = {name: {"input_values": (2, 800)} for name in SPEECH}
 
 VARIANTS = [
     (model, attn, exporter, opset)
