@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .ir_utils import const_array, is_default_domain
+from .ir_utils import const_array, is_default_domain, transpose_perm
 from .shape_info import Shape, ShapeMap, weak_dim
 
 _MAX_ELEMENTS = 16  # a shape tensor, not data
@@ -175,8 +175,7 @@ def _transposed_shape(node: ir.Node, shapes: ShapeMap) -> Shape | None:
     s = shapes.get(node.inputs[0].name) if node.inputs and node.inputs[0] is not None else None
     if s is None:
         return None
-    perm = _attr(node, "perm", None)
-    perm = list(perm) if perm is not None else list(range(len(s)))[::-1]
+    perm = transpose_perm(node, len(s))
     if sorted(perm) != list(range(len(s))):
         return None
     return tuple(s[p] for p in perm)
