@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import opsfuse.cuda as oc
-from opsfuse.bench.cuda import time_kernels_interleaved
+from opsfuse.bench.cuda import env_variant, time_kernels_interleaved
 
 # (B, H, S, D, Dv, causal): DeepSeek-V3's head sizes at two prefill lengths and two head counts, and
 # a D = Dv = 128 control
@@ -43,6 +43,11 @@ def sdpa_calls(sets, causal):
     return out
 
 
+def padded_v_call(t, causal):
+    with env_variant("OPSFUSE_CUDA_HOPPER_DV_BUCKET=0"):
+        return oc.fused_attention(*t, is_causal=causal)
+
+
 def main():
     print(torch.cuda.get_device_name(0), torch.__version__, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
           flush=True)
@@ -56,6 +61,8 @@ def main():
             ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=bool(causal))
             err = (out.double() - ref).abs().max().item()
         named = {"opsfuse": [lambda t=t: oc.fused_attention(*t, is_causal=causal) for t in sets]}
+        if dv < d:  # the same launch with V padded to the D = 256 bucket (before session 43's V bucket)
+            named["opsfuse V padded"] = [lambda t=t: padded_v_call(t, causal) for t in sets]
         named.update(sdpa_calls(sets, causal))
         times = time_kernels_interleaved(torch, named, repeat=9)
         flops = 2 * b * h * s * s * (d + dv) * (0.5 if causal else 1.0)

@@ -48,6 +48,9 @@
 //   OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N (A/B, tests) plain launches at D <= 64 over 2 to N whole 256-key
 //                                  tiles run in sequence on 256-key tiles (kPlainSeqWide,
 //                                  launch_hopper; default 32); 0 never.
+//   OPSFUSE_CUDA_HOPPER_DV_BUCKET=0 (A/B, tests) latent attention (128 < D <= 256, Dv <= 128) in the
+//                                  D = 256 kernel with V padded to 256 columns, instead of the
+//                                  (256, 128) instantiation (Plan::bucket_v).
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -156,7 +159,7 @@ Switches read_switches() {
       "DISABLE_HOPPER",    "FORCE_HOPPER",       "HOPPER_DECODE",   "HOPPER_PERSISTENT",   "HOPPER_SPLITS",
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
       "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT",     "HOPPER_CHAIN",
-      "HOPPER_PDL",        "HOPPER_SEQ",        "HOPPER_SEQ_D128", "HOPPER_SEQ_WIDE",
+      "HOPPER_PDL",        "HOPPER_SEQ",        "HOPPER_SEQ_D128", "HOPPER_SEQ_WIDE",     "HOPPER_DV_BUCKET",
       "DECODE_SPLITS",     "DECODE_NO_CLUSTER",
       "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
@@ -431,6 +434,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   Plan plan;
   const int64_t dmax = std::max(p.head_dim, p.head_dim_v);
   plan.bucket = dmax <= 64 ? 64 : (dmax <= 128 ? 128 : 256);
+  plan.bucket_v = plan.bucket;  // the Hopper kernel's latent-attention instantiation may take less (below)
   const int64_t rows = (p.heads_q / p.heads_kv) * p.seq_q;
   detail::TileShape tile;
   int smem_block = 0;
@@ -534,6 +538,10 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
     plan.cluster = plan.bucket == 256 ? 1 : hopper_key_splits(p, sw);
+    // Latent attention (DeepSeek-V3: D = 192, Dv = 128): V, O and the P V product at 128 columns
+    // (hopper_{f16,bf16}_d256v128.cu) rather than padded to 256 -- a quarter less tensor work per
+    // tile and 64 accumulators per thread instead of 128 (docs/notes/cuda_kernel.md, session 43).
+    if (plan.bucket == 256 && p.head_dim_v <= 128 && !sw.is(Switch::kHopperDvBucket, '0')) plan.bucket_v = 128;
     if (plan.cluster == 1 && hopper_wg_split(p, dev, plan, sw)) {
       // One block per 64-row item (no persistent grid: one round, or several waves when forced).
       plan.wg_split = true;
@@ -746,6 +754,8 @@ RunFn pick_kernel(const AttentionParams& p, const Plan& plan) {
 #ifdef OPSFUSE_CUDA_HOPPER
       static const RunFn h[3] = {run_hopper_f16_d64, run_hopper_f16_d128, run_hopper_f16_d256};
       static const RunFn bf[3] = {run_hopper_bf16_d64, run_hopper_bf16_d128, run_hopper_bf16_d256};
+      if (plan.bucket == 256 && plan.bucket_v == 128)  // latent attention: V's own bucket
+        return p.dtype == DType::kFloat16 ? run_hopper_f16_d256_v128 : run_hopper_bf16_d256_v128;
       return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];
 #else
       return nullptr;
@@ -782,6 +792,7 @@ bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, P
   PlanSummary r;
   r.kernel = kKinds[static_cast<int>(plan.kind)];
   r.bucket = plan.bucket;
+  r.bucket_v = plan.bucket_v;
   r.block_m = plan.block_m;
   r.num_splits = plan.num_splits;
   r.cluster = plan.cluster;

@@ -37,6 +37,7 @@ Status launch(const AttentionParams& p, ScratchAlloc alloc, void* alloc_ctx, voi
 struct PlanSummary {
   const char* kernel = "";  // "tensor_core", "tensor_core_decode", "float32", "hopper", "hopper_decode"
   int bucket = 0;           // compiled head size D and Dv are rounded up to
+  int bucket_v = 0;         // Dv's: = bucket, but 128 for the Hopper kernel's latent attention (D > 128 >= Dv)
   int block_m = 0;          // query rows per block (64 with the Hopper warpgroup key split)
   int num_splits = 1;       // key splits merged by a combine pass (portable kernels)
   int cluster = 1;          // Hopper: key splits per cluster, or 2 = the tail split of a persistent grid

@@ -280,6 +280,7 @@ py::dict describe_plan_impl(py::handle q, py::handle k, py::handle v, py::handle
   py::dict d;
   d["kernel"] = s.kernel;
   d["bucket"] = s.bucket;
+  d["bucket_v"] = s.bucket_v;
   d["block_m"] = s.block_m;
   d["num_splits"] = s.num_splits;
   d["cluster"] = s.cluster;

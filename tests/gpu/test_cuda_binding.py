@@ -249,6 +249,48 @@ def test_head_size_256_features(dtype, case, monkeypatch):
                            attrs.get("softcap", 0.0), what=f"D=256 {case} (seed {seed})")
 
 
+LATENT_CASES = {
+    # name: (b, hq, hkv, sq, sk, d, dv), attrs, mask kind, key lengths; 128 < D <= 256 with Dv <= 128
+    "deepseek_causal1_gqa2": ((2, 8, 4, 300, 300, 192, 128), {"is_causal": 1}, None, None),
+    "deepseek_noncausal_persistent": ((2, 80, 80, 260, 520, 192, 128), {}, None, None),  # 480 items
+    "d256_dv64_boolmask_kl": ((2, 4, 2, 130, 260, 256, 64), {}, "bool", [260, 77]),
+    "d200_dv72_softcap_causal2": ((1, 4, 4, 97, 300, 200, 72), {"is_causal": 2, "softcap": 30.0}, "additive", None),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", sorted(LATENT_CASES))
+def test_latent_attention_v_bucket(dtype, case, monkeypatch):
+    """Latent attention (DeepSeek-V3: D = 192, Dv = 128) in the Hopper kernel's own V bucket (V tiles,
+    O and the P V product at 128 columns) against the same launch with V padded to the D = 256
+    bucket (OPSFUSE_CUDA_HOPPER_DV_BUCKET=0): the columns past Dv were zero products, so the two
+    agree bit for bit, and both are within the 2x rule (elsewhere than Hopper both runs are the
+    portable kernel's)."""
+    require_cuda_module()
+    monkeypatch.setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1")  # also where the portable plan would split the keys
+    (b, hq, hkv, sq, sk, d, dv), attrs, mask_kind, lengths = LATENT_CASES[case]
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((b, 1, sq, sk)) < 0.8
+        mask[0, 0, 3, :] = False  # a fully masked row -> 0
+    elif mask_kind == "additive":
+        mask = (rng.standard_normal((sq, sk)) * 2).astype(dtype)
+    kl = None if lengths is None else np.array(lengths, dtype=np.int64)
+    k_run, v_run = k, v
+    if kl is not None:  # a padded cache: NaN past each batch's length must stay out
+        k_run, v_run = k.copy(), v.copy()
+        for i, n in enumerate(kl):
+            k_run[i, :, n:, :] = np.nan
+            v_run[i, :, n:, :] = np.nan
+    envs = {"v_bucket": {}, "padded_v": {"OPSFUSE_CUDA_HOPPER_DV_BUCKET": "0"}}
+    outs = outputs_under(monkeypatch, envs, q, k_run, v_run, mask, kl, **attrs)
+    assert_same_bits(outs, seed)
+    assert_within_2x_torch(outs["v_bucket"], q, k, v, mask, kl, attrs.get("scale"), attrs.get("is_causal", 0),
+                           attrs.get("softcap", 0.0), what=f"latent attention {case} (seed {seed})")
+
+
 SHARED_ROW_MASK_CASES = {
     # name: (b, hq, hkv, sq, sk, d), softcap, mask kind, visible keys per batch (None: random mixed)
     "d256_bool_pad": ((3, 4, 2, 70, 300, 256), 0.0, "bool", [300, 129, 0]),

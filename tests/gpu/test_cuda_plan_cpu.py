@@ -15,7 +15,7 @@ from cuda_helpers import FakeTensor
 # Every OPSFUSE_CUDA_* switch the heuristic reads: unset for these tests unless a test sets one.
 SWITCHES = ["DISABLE_HOPPER", "FORCE_HOPPER", "HOPPER_PERSISTENT", "HOPPER_SPLITS", "HOPPER_TAIL_SPLIT",
             "HOPPER_DYNAMIC", "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT", "HOPPER_DECODE",
-            "DECODE_SPLITS", "DECODE_NO_CLUSTER", "HOPPER_CHAIN"]
+            "DECODE_SPLITS", "DECODE_NO_CLUSTER", "HOPPER_CHAIN", "HOPPER_DV_BUCKET"]
 
 
 @pytest.fixture()
@@ -27,11 +27,12 @@ def mod(monkeypatch):
     return ocuda._module()
 
 
-def plan(mod, b, h, sq, sk, d, hkv=None, typestr="<f2", **kw):
+def plan(mod, b, h, sq, sk, d, hkv=None, typestr="<f2", dv=None, **kw):
     hkv = hkv or h
     q = FakeTensor((b, h, sq, d), typestr)
-    kv = FakeTensor((b, hkv, sk, d), typestr)
-    code, message, summary = mod.describe_plan(q, kv, kv, **kw)
+    k = FakeTensor((b, hkv, sk, d), typestr)
+    v = FakeTensor((b, hkv, sk, dv or d), typestr)
+    code, message, summary = mod.describe_plan(q, k, v, **kw)
     assert code == 0, message
     return summary
 
@@ -102,6 +103,25 @@ def test_chain_switch(mod, monkeypatch, value, tiles, causal_tiles):
         monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_CHAIN", value)
     p = plan(mod, 8, 16, 1024, 1024, 128)
     assert (p["chain_tiles"], p["chain_tiles_causal"]) == (tiles, causal_tiles)
+
+
+@pytest.mark.parametrize("d,dv,bucket,bucket_v", [
+    (192, 128, 256, 128),  # DeepSeek-V3's latent attention
+    (256, 64, 256, 128),
+    (200, 72, 256, 128),
+    (192, 192, 256, 256),
+    (96, 256, 256, 256),   # V wider than Q / K: one bucket
+    (128, 64, 128, 128),   # no V bucket of its own below 256
+])
+def test_latent_attention_takes_its_own_v_bucket(mod, monkeypatch, d, dv, bucket, bucket_v):
+    """128 < D <= 256 with Dv <= 128 runs the (256, 128) instantiation on Hopper (V, O and P V at 128
+    columns); OPSFUSE_CUDA_HOPPER_DV_BUCKET=0 and the portable kernels keep one bucket."""
+    s = plan(mod, 1, 128, 4096, 4096, d, dv=dv, is_causal=1)
+    require_hopper(s)
+    assert s["kernel"] == "hopper" and (s["bucket"], s["bucket_v"]) == (bucket, bucket_v)
+    assert plan(mod, 1, 128, 4096, 4096, d, dv=dv, cc=80)["bucket_v"] == bucket
+    monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_DV_BUCKET", "0")
+    assert plan(mod, 1, 128, 4096, 4096, d, dv=dv, is_causal=1)["bucket_v"] == bucket
 
 
 def test_other_devices_and_dtypes(mod):

@@ -75,22 +75,28 @@ constexpr int kConsumerWarps = 8;
 // (225 KB in all at D = 128), D = 256 stores from registers.
 // kKeys: keys per tile; 256 for kPlainSeqWide (D = 64 only), whose 32 KB K and V tiles take two
 // stages (176 KB in all; three would need 240).
-template <int kD, int kKeys = (kD == 256 ? 64 : hopper::kBN)>
+// kDv: V's and the output's column bucket, kD but for latent attention (D = 192, Dv = 128:
+// DeepSeek-V3), whose instantiation (256, 128) keeps V tiles, O's accumulators and the P V product
+// at 128 columns instead of padding them to 256.
+template <int kD, int kKeys = (kD == 256 ? 64 : hopper::kBN), int kDv = kD>
 struct Config {
+  static_assert(kDv <= kD && kDv % 64 == 0, "V's bucket: a multiple of 64, at most Q / K's");
   static constexpr int kBN = kKeys;
   static constexpr int kStages = kD == 64 && kKeys == 128 ? 3 : 2;
   static constexpr int kQBuffers = kD == 256 ? 1 : 2;
-  static constexpr bool kOStage = kD <= 128;
-  static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's
-  static constexpr int kKVBytes = kBN * kD * 2;  // one K (or V) tile
+  static constexpr bool kOStage = kD <= 128 && kDv == kD;
+  static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's (kOStage)
+  static constexpr int kKVBytes = kBN * kD * 2;  // one K tile
+  static constexpr int kVBytes = kBN * kDv * 2;  // one V tile
   // kSumOnTensor (kPlainSeqWide): a 2 KB block of ones (16 keys x 64 columns) per consumer warpgroup
   // after the output tile.
   static constexpr int kOnesBytes = kSumOnTensor && kD == 64 && kKeys == 256 ? 2 * 2048 : 0;
   static constexpr int kSmem =
-      (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + 2 * kStages * kKVBytes + kOnesBytes + 1024;  // + alignment slack
+      (kQBuffers + (kOStage ? 1 : 0)) * kQBytes + kStages * (kKVBytes + kVBytes) + kOnesBytes + 1024;  // + alignment slack
 };
 // The configuration of mode kMode's instantiation (hopper_modes.h).
-template <int kD, int kMode>
-using ModeConfig = std::conditional_t<kMode == kPlainSeqWide, Config<kD, 256>, Config<kD>>;
+template <int kD, int kMode, int kDv = kD>
+using ModeConfig = std::conditional_t<kMode == kPlainSeqWide, Config<kD, 256>,
+                                      Config<kD, (kD == 256 ? 64 : hopper::kBN), kDv>>;
 
 }  // namespace opsfuse::cuda::detail::hopper

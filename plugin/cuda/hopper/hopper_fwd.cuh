@@ -125,13 +125,15 @@ enum Scoring : int { kScoreFast = 0, kScoreLimits = 1, kScoreMask = 2, kScoreNon
 template <int V>
 using ScoringV = std::integral_constant<int, V>;
 
-template <typename T, int kD, int kMode>
+// kDv: V's and the output's column bucket (Config): kD but in latent attention's (256, 128).
+template <typename T, int kD, int kMode, int kDv = kD>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                       const __grid_constant__ CUtensorMap tm_y, const int pingpong, const int n_work,
                       const int splits, const int mask_classes, const int tail_round, const int tma_store) {
-  using Cfg = ModeConfig<kD, kMode>;
+  using Cfg = ModeConfig<kD, kMode, kDv>;
+  static_assert(kDv == kD || kD == 256, "a V bucket of its own: the D = 256 kernel only (latent attention)");
   static_assert(kMode != kPlainSplit || kD <= 128, "the split merge stages O over the K ring: D <= 128");
   // kPlainSplit: both consumer warpgroups work on one item's 64 rows (the first 64 of the Q
   // buffer, whose 128-row TMA box also brings the next 64, unused), each on every other key tile.
@@ -145,10 +147,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kEarlyQHere = kEarlyQ && kD == 128;  // hopper_config.h: measured at D = 128
   // Row sums on the tensor cores (kSumOnTensor): O's accumulators grow by one 8-column group.
   constexpr bool kSumTensor = Cfg::kOnesBytes > 0;  // kPlainSeqWide, unless OPSFUSE_HOPPER_SUM_ON_TENSOR=0
-  constexpr int kOCols = kD + (kSumTensor ? 8 : 0);
+  constexpr int kOCols = kDv + (kSumTensor ? 8 : 0);
   constexpr int kItemRows = kSplitWG ? 64 : kBM;
   constexpr int kStages = Cfg::kStages;
-  constexpr int kRegions = kD / 64;  // 128-byte column regions of a tile
+  constexpr int kRegions = kD / 64;  // 128-byte column regions of a Q or K tile
+  constexpr int kVRegions = kDv / 64;  // ... of a V tile and of the output
   constexpr int kBN = Cfg::kBN;      // keys per tile (shadows the namespace's D <= 128 value)
 
   extern __shared__ uint8_t smem_raw[];
@@ -166,8 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = uniform_if<OPSFUSE_HOPPER_UNIFORM_BASE != 0 && kMode == kGeneral && kD == 256>((smem_u32(smem_raw) + 1023u) & ~1023u);
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
-  const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kKVBytes
-  const uint32_t sO = sK + 2 * kStages * Cfg::kKVBytes;  // the output tile (Config::kOStage)
+  const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kVBytes
+  const uint32_t sO = sV + kStages * Cfg::kVBytes;       // the output tile (Config::kOStage)
   const uint32_t sOnes = sO + (Cfg::kOStage ? Cfg::kQBytes : 0);  // kSumTensor: 2 KB per consumer warpgroup
   auto bar_kfull = [&](int s) { return smem_u32(&bars[s]); };
   auto bar_vfull = [&](int s) { return smem_u32(&bars[kStages + s]); };
@@ -466,10 +469,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int c = 0; c < kRegions; ++c)
             tma_load_4d(sK + s * Cfg::kKVBytes + c * kBN * 128, &tm_k, bar_kfull(s), c * 64, it * kBN, wk.hk, wk.b);
           mbar_wait(bar_vempty(s), empty_parity);
-          mbar_expect_tx(bar_vfull(s), Cfg::kKVBytes);
+          mbar_expect_tx(bar_vfull(s), Cfg::kVBytes);
 #pragma unroll
-          for (int c = 0; c < kRegions; ++c)
-            tma_load_4d(sV + s * Cfg::kKVBytes + c * kBN * 128, &tm_v, bar_vfull(s), c * 64, it * kBN, wk.hk, wk.b);
+          for (int c = 0; c < kVRegions; ++c)
+            tma_load_4d(sV + s * Cfg::kVBytes + c * kBN * 128, &tm_v, bar_vfull(s), c * 64, it * kBN, wk.hk, wk.b);
         }
       }
     }
@@ -605,7 +608,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr bool kPairMask = kMode == kMaskAdd || kMode == kMaskBool;
     constexpr bool elementwise = kElementwise;
 
-    float o[kOCols / 2];  // kSumTensor: o[kD / 2 + 2 hh] is row hh's sum, the same in the quad's lanes
+    float o[kOCols / 2];  // kSumTensor: o[kDv / 2 + 2 hh] is row hh's sum, the same in the quad's lanes
 #pragma unroll
     for (int i = 0; i < kOCols / 2; ++i) o[i] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
@@ -648,12 +651,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // The k-steps [from, to) of O += P V (16 keys each; all of them by default).
     auto issue_pv = [&](int stage, const PFrag& pf, auto from, auto to) {
-      const uint32_t vb = sV + stage * Cfg::kKVBytes;
+      const uint32_t vb = sV + stage * Cfg::kVBytes;
       const uint64_t v_desc = smem_desc(vb, kBN * 128, 1024);
 #pragma unroll
       for (int kk = decltype(from)::value; kk < decltype(to)::value; ++kk) {
         if constexpr (kD >= 128) {
-          mma_pv<T, kD>(o, pf[kk], desc_plus(v_desc, kk * 16 * 128));
+          mma_pv<T, kDv>(o, pf[kk], desc_plus(v_desc, kk * 16 * 128));
         } else {
           // kSumTensor: B's second 64-column region (LBO bytes on) is this warpgroup's block of ones.
           const uint32_t at = vb + kk * 16 * 128;
@@ -972,7 +975,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto zero_v_tail = [&](int stage, int tile) {
       const int from = len - tile * kBN;
       if (a.key_lengths == nullptr || from <= 0 || from >= kBN) return;
-      const uint32_t vb = sV + stage * Cfg::kKVBytes;
+      const uint32_t vb = sV + stage * Cfg::kVBytes;
       // Pair masks: t + 128 cw (= tid - 128) read again here (volatile: not hoisted) rather than
       // kept in registers through the key loop for this rare path (their D=128 variants spilled).
       int idx0 = t + 128 * cw;
@@ -981,7 +984,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tx));
         idx0 = static_cast<int>(tx) - 128;
       }
-      for (int idx = idx0; idx < (kBN - from) * kRegions * 8; idx += 256) {
+      for (int idx = idx0; idx < (kBN - from) * kVRegions * 8; idx += 256) {
         const int chunk = idx % 8, rr = from + (idx / 8) % (kBN - from), reg = idx / (8 * (kBN - from));
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(vb + reg * kBN * 128 + rr * 128 + chunk * 16),
                      "r"(0u)
@@ -1032,7 +1035,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float inv = inverse(quad_sum(lp[hh]));
         const int r = warp_ * 16 + lane_ / 4 + hh * 8;
 #pragma unroll
-        for (int i = 0; i < kD / 8; ++i) {
+        for (int i = 0; i < kDv / 8; ++i) {
           const uint32_t addr = so + (i / 8) * (kBM * 128) + r * 128 + (((i % 8) ^ (r % 8)) << 4) + 4 * (lane_ % 4);
           asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr),
                        "r"(pack2<T>(o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv))
@@ -1043,7 +1046,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg_sync();
       if (t == 0) {
 #pragma unroll
-        for (int c = 0; c < kRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
+        for (int c = 0; c < kVRegions; ++c) tma_store_4d(&tm_y, so + c * (kBM * 128), c * 64, row0_ + cw * 64, h_, b_);
         bulk_commit();
       }
     };
@@ -1138,12 +1141,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool add_q_bias = a.q_bias != nullptr && n_tiles > 0;
     // V's bias (a.v_bias): this thread's output columns' values as T pairs, loaded while the item's
     // last P V product runs (D = 64) or in the epilogue, and added there.
-    uint32_t vb_pair[kD / 8];
+    uint32_t vb_pair[kDv / 8];
     bool vb_loaded = false;
     auto load_v_bias = [&]() {
       const unsigned short* vb = static_cast<const unsigned short*>(a.v_bias) + (h / a.group) * a.head_dim_v;
 #pragma unroll
-      for (int i = 0; i < kD / 8; ++i) {
+      for (int i = 0; i < kDv / 8; ++i) {
         const int c = i * 8 + 2 * (lane % 4);
         const uint32_t lo = c < a.head_dim_v ? vb[c] : 0u;
         const uint32_t hi = c + 1 < a.head_dim_v ? vb[c + 1] : 0u;
@@ -1288,7 +1291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           store_staged(l_prev, prev_row0, prev_h, prev_b);
           OPSFUSE_HOPPER_STAMP_AT(round - 1, 6);  // its stores are issued
 #pragma unroll
-          for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+          for (int i = 0; i < kDv / 2; ++i) o[i] = 0.0f;
         }
         if constexpr (!kElementwise && kV != kScoreNone) row_sums();
         if constexpr (kElementwise) softmax(it, variant, std::false_type{});
@@ -1410,8 +1413,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kSumTensor) {
         // The whole row's sum, in every lane of the quad: one lane's share, so that the quad sums
         // below (and the merges) see l exactly.
-        l_run[0] = lane % 4 == 0 ? o[kD / 2] : 0.0f;
-        l_run[1] = lane % 4 == 0 ? o[kD / 2 + 2] : 0.0f;
+        l_run[0] = lane % 4 == 0 ? o[kDv / 2] : 0.0f;
+        l_run[1] = lane % 4 == 0 ? o[kDv / 2 + 2] : 0.0f;
       }
       // The last tile's V stage goes back to the producer too: with a persistent grid the ring
       // continues into the block's next item, whose producer waits for this stage's release when
@@ -1421,11 +1424,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Folds another part's (O, max, per-thread sum) of the same rows and columns into this thread's
     // registers: max M, O = O 2^(m - M) + O' 2^(m' - M), l likewise (m = -inf: weight 0).
-    // `other(c)` is its float4 chunk c (O[4c .. 4c + 3], rows hh 0, 0, 1, 1; c = kD / 8: (m0, m1,
+    // `other(c)` is its float4 chunk c (O[4c .. 4c + 3], rows hh 0, 0, 1, 1; c = kDv / 8: (m0, m1,
     // l0, l1)). `rounded` (std::true_type): each product rounded before the one sum, so that
     // a + b = b + a bit for bit (stream-K: either part may merge); else FMAs may fuse.
     auto fold_partial = [&](auto other, auto rounded) {
-      constexpr int kOChunks = kD / 8;
+      constexpr int kOChunks = kDv / 8;
       auto mix = [](float wa, float x, float wb, float y) {
         if constexpr (decltype(rounded)::value) return __fadd_rn(__fmul_rn(wa, x), __fmul_rn(wb, y));
         else return wa * x + wb * y;
@@ -1457,7 +1460,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // registers (fold_partial, unrounded: the order is fixed) and stores the rows, warpgroup 1 is
     // done.
     if constexpr (kSplitWG) {
-      constexpr int kOChunks = kD / 8;
+      constexpr int kOChunks = kDv / 8;
       float4* const part = reinterpret_cast<float4*>(smem_raw + (sK - smem_u32(smem_raw))) + t;
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       if (cw == 1) {
@@ -1480,7 +1483,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // rounded before the one sum (no FMA): a + b = b + a, so the output bits do not depend on
     // which part merges.
     if (stream_k() && (t_begin > 0 || t_end < sk_tiles())) {
-      constexpr int kOChunks = kD / 8;
+      constexpr int kOChunks = kDv / 8;
       constexpr int64_t kSlot = (kOChunks + 1) * 256;  // float4s per slot
       const bool head = t_begin == 0;                  // the item's first part: this block's last round
       const int64_t x = blockIdx.x;
@@ -1529,7 +1532,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // (rows: hh 0, 0, 1, 1), then (m0, m1, l0, l1). Rank 0 reads the chunks through distributed
       // shared memory and folds them into its registers in rank order (deterministic): max M,
       // O = sum_r O_r 2^(m_r - M), l likewise (m = -inf: weight 0).
-      constexpr int kOChunks = kD / 8;
+      constexpr int kOChunks = kDv / 8;
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       float4* part = reinterpret_cast<float4*>(smem_raw + (sK - smem_u32(smem_raw))) + cw * 128 + t;
       const int split = static_cast<int>(blockIdx.x) % ns;
@@ -1590,7 +1593,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!vb_loaded) load_v_bias();
       const float l0 = row_sum(0), l1 = row_sum(1);
 #pragma unroll
-      for (int i = 0; i < kD / 8; ++i) {
+      for (int i = 0; i < kDv / 8; ++i) {
         const float2 bias = unpack2<T>(vb_pair[i]);
         o[i * 4 + 0] = fmaf(l0, bias.x, o[i * 4 + 0]);
         o[i * 4 + 1] = fmaf(l0, bias.y, o[i * 4 + 1]);
@@ -1604,7 +1607,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       kv_base = ring0 + t_end;
       continue;
     }
-    const bool full_rows = a.head_dim_v == kD && a.vec_store != 0;
+    const bool full_rows = a.head_dim_v == kDv && a.vec_store != 0;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float l = row_sum(hh);
@@ -1614,12 +1617,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       T* yrow = static_cast<T*>(a.y) + b * a.y_stride[0] + h * a.y_stride[1] + pos * a.y_stride[2];
       if (full_rows) {
 #pragma unroll
-        for (int i = 0; i < kD / 8; ++i)
+        for (int i = 0; i < kDv / 8; ++i)
           *reinterpret_cast<uint32_t*>(yrow + i * 8 + 2 * (lane % 4)) =
               pack2<T>(o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv);
       } else {
 #pragma unroll
-        for (int i = 0; i < kD / 8; ++i) {
+        for (int i = 0; i < kDv / 8; ++i) {
           const int c = i * 8 + 2 * (lane % 4);
           if (c < a.head_dim_v)
             store_pair<T>(yrow + c, o[i * 4 + 2 * hh] * inv, o[i * 4 + 2 * hh + 1] * inv, c + 1 < a.head_dim_v,

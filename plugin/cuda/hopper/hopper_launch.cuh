@@ -27,11 +27,15 @@ inline int hopper_mode(const KernelArgs& a, const Plan& plan) {
   return a.mask_kind == 1 ? hopper::kMaskBool : hopper::kMaskAdd;
 }
 
-template <typename T, int kD>
+// kDv: V's column bucket (hopper::Config), kD but for latent attention's (256, 128) instantiation,
+// which choose_plan takes through Plan::bucket_v.
+template <typename T, int kD, int kDv = kD>
 cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  using Cfg = hopper::Config<kD>;  // every mode's but kPlainSeqWide's (WideCfg)
+  static_assert(kDv == kD || kD == 256, "a V bucket of its own: the D = 256 kernel only");
+  using Cfg = hopper::ModeConfig<kD, hopper::kPlain, kDv>;  // every mode's but kPlainSeqWide's (WideCfg)
   using WideCfg = hopper::ModeConfig<kD, hopper::kPlainSeqWide>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if (a.head_dim > kD || a.head_dim_v > kDv) return cudaErrorInvalidValue;  // a plan for another bucket
   CUtensorMap tq, tk, tv, ty;  // K and V's once the mode (their tiles' keys) is known
   if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
@@ -105,14 +109,14 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   const bool wide = mode == hopper::kPlainSeqWide;
   const int keys_per_tile = wide ? WideCfg::kBN : Cfg::kBN;
   const int smem_bytes = wide ? WideCfg::kSmem : Cfg::kSmem;
-  const int ring_bytes = wide ? 2 * WideCfg::kStages * WideCfg::kKVBytes : 2 * Cfg::kStages * Cfg::kKVBytes;
+  const int ring_bytes = wide ? 2 * WideCfg::kStages * WideCfg::kKVBytes : Cfg::kStages * (Cfg::kKVBytes + Cfg::kVBytes);
   if (!hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, keys_per_tile) ||
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, keys_per_tile))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   auto kernel = [&] {
     if constexpr (kD == 256) {
-      return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
-                                    : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral>;
+      return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain, kDv>
+                                    : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral, kDv>;
     } else {
       // kPlainChain at D = 128 only: compiled where it is taken.
       auto chain = [] {

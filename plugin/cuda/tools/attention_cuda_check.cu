@@ -734,6 +734,13 @@ int main(int argc, char** argv) {
       {"hop bf16 d200/256 persistent addpad gqa3", BF, 3, 9, 3, 520, 400, 200, 256, 0, 0.f, MA, 3, 0},
       {"hop f16 d256 persistent causal1 kl64", H, 2, 8, 4, 600, 600, 256, 256, 1, 0.f, N, 0, 64, 1},
       {"hop bf16 d256 split2 tail ignored", BF, 1, 12, 12, 300, 700, 256, 256, 0, 0.f, N, 0, 0, 0, 2, 1},
+      // Latent attention, 128 < D <= 256 with Dv <= 128: the (256, 128) instantiation (V, O and P V at
+      // 128 columns): DeepSeek-V3's 192 / 128 causal on a persistent grid with GQA, the general
+      // kernel's mask + softcap + key_lengths, a padding mask, Dv off the bucket (72, 64).
+      {"hop bf16 d192/128 latent persistent causal1 gqa2", BF, 2, 8, 4, 600, 600, 192, 128, 1, 0.f, N, 0, 0, 1},
+      {"hop f16 d192/128 latent addmask softcap kl32", H, 2, 4, 4, 130, 300, 192, 128, 2, 30.f, MA, 2, 32},
+      {"hop bf16 d256/64 latent boolpad gqa2", BF, 3, 4, 2, 97, 260, 256, 64, 0, 0.f, MB, 3, 0},
+      {"hop f16 d200/72 latent causal2 kl64", H, 2, 4, 2, 130, 389, 200, 72, 2, 0.f, N, 0, 64},
       // Q/K/V biases, added by the kernel (Q's into its tile, V's in the epilogue of every schedule,
       // K's left out) -- except softcap with K's bias, which reads biased copies (bias_fold.h):
       // BERT's padded shape, a persistent causal grid with key_lengths, key splits, the tail split,
@@ -745,6 +752,7 @@ int main(int argc, char** argv) {
       {"hop f16 d64 bias tail 140x64", H, 2, 70, 14, 64, 130, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 1, 0, 1},
       {"hop f16 d64 bias streamk short items", H, 3, 5, 5, 1100, 300, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 1, 1},
       {"hop bf16 d256/200 bias causal2 gqa2", BF, 2, 4, 2, 130, 260, 256, 200, 2, 0.f, MB, 4, 32, 0, 0, 0, 0, 1},
+      {"hop f16 d192/128 latent bias causal1", H, 2, 4, 2, 130, 260, 192, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 1},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -778,7 +786,8 @@ int main(int argc, char** argv) {
   // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
   // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
   // warpgroup-split and two chaining cases, three bias cases (key splits, the tail split, softcap's
-  // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq); the other
+  // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq), latent attention's
+  // V bucket (a mask, softcap and a V tile's tail zeroed at 128 columns); the other
   // persistent-grid cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
@@ -789,7 +798,7 @@ int main(int argc, char** argv) {
                                 "hop f16 d128 chain quick 270x2048", "hop f16 d128 chain quick causal1 136x1024",
                                 "hop f16 d64 seq seed 12x128",
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
-                                "hop bf16 d40 wide Sq97 gqa3 512"};
+                                "hop bf16 d40 wide Sq97 gqa3 512", "hop f16 d192/128 latent addmask softcap kl32"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
