@@ -441,9 +441,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int round = 0;; ++round) {
         // (The static order's first item without the wait: on a one-round grid, e.g. the seed
         // shapes, that wait was on the launch's critical path. Not with stream-K: its item
-        // arithmetic here, beside the loads' registers, spilled.)
+        // arithmetic here, beside the loads' registers, spilled. Not with one Q buffer (D > 128):
+        // round 1's wait is then on the same barrier as round 0's, for its second phase, and a
+        // parity wait for a phase whose predecessor has not completed passes at once -- this
+        // thread, done with a short item's loads before the scheduler's first arrive, read round
+        // 1's slot before it was written; racecheck found it, session 43. With two buffers round 1
+        // waits on the other barrier's first phase, which the scheduler completes after round 0's.)
         int w;
-        if (round == 0 && !dynamic_order() && !stream_k()) {
+        if (round == 0 && kQBuffers > 1 && !dynamic_order() && !stream_k()) {
           w = item_of(0);
         } else {
           mbar_wait(bar_sched(round), q_parity(round));
