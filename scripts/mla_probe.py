@@ -43,8 +43,8 @@ def sdpa_calls(sets, causal):
     return out
 
 
-def padded_v_call(t, causal):
-    with env_variant("OPSFUSE_CUDA_HOPPER_DV_BUCKET=0"):
+def variant_call(t, causal, switches):
+    with env_variant(switches):
         return oc.fused_attention(*t, is_causal=causal)
 
 
@@ -61,8 +61,10 @@ def main():
             ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=bool(causal))
             err = (out.double() - ref).abs().max().item()
         named = {"opsfuse": [lambda t=t: oc.fused_attention(*t, is_causal=causal) for t in sets]}
-        if dv < d:  # the same launch with V padded to the D = 256 bucket (before session 43's V bucket)
-            named["opsfuse V padded"] = [lambda t=t: padded_v_call(t, causal) for t in sets]
+        if dv < d:  # the same launch in session 43's (256, 128) kernel, and with V padded to 256 too (before it)
+            named["opsfuse (256,128)"] = [lambda t=t: variant_call(t, causal, "OPSFUSE_CUDA_HOPPER_D192=0") for t in sets]
+            named["opsfuse V padded"] = [lambda t=t: variant_call(t, causal, "OPSFUSE_CUDA_HOPPER_DV_BUCKET=0")
+                                         for t in sets]
         named.update(sdpa_calls(sets, causal))
         times = time_kernels_interleaved(torch, named, repeat=9)
         flops = 2 * b * h * s * s * (d + dv) * (0.5 if causal else 1.0)

@@ -50,7 +50,9 @@
 //                                  launch_hopper; default 32); 0 never.
 //   OPSFUSE_CUDA_HOPPER_DV_BUCKET=0 (A/B, tests) latent attention (128 < D <= 256, Dv <= 128) in the
 //                                  D = 256 kernel with V padded to 256 columns, instead of the
-//                                  (256, 128) instantiation (Plan::bucket_v).
+//                                  (192, 128) or (256, 128) instantiation (Plan::bucket_v).
+//   OPSFUSE_CUDA_HOPPER_D192=0     (A/B, tests) latent attention with D <= 192 in the (256, 128)
+//                                  instantiation instead of the (192, 128) one (Plan::bucket).
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -160,6 +162,7 @@ Switches read_switches() {
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
       "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT",     "HOPPER_CHAIN",
       "HOPPER_PDL",        "HOPPER_SEQ",        "HOPPER_SEQ_D128", "HOPPER_SEQ_WIDE",     "HOPPER_DV_BUCKET",
+      "HOPPER_D192",
       "DECODE_SPLITS",     "DECODE_NO_CLUSTER",
       "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
@@ -533,15 +536,20 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
     // hopper/hopper_fwd.cuh: 128 query rows of one (batch, query head) per block, 128-key tiles
     // (64 at D = 256, whose split merge would not fit its shared memory: never split there).
     plan.kind = KernelKind::kHopper;
+    // Latent attention (DeepSeek-V3: D = 192, Dv = 128): V, O and the P V product at 128 columns
+    // rather than padded to 256 (hopper_{f16,bf16}_d256v128.cu: a quarter less tensor work per tile,
+    // 64 accumulators per thread instead of 128), and with D <= 192 Q / K over 192 columns on 128-key
+    // tiles (d192v128.cu; not with a Q bias, whose per-thread walk of Q's rows needs 64 or 128
+    // columns). docs/notes/cuda_kernel.md, session 43.
+    if (plan.bucket == 256 && p.head_dim_v <= 128 && !sw.is(Switch::kHopperDvBucket, '0')) {
+      plan.bucket_v = 128;
+      if (p.head_dim <= 192 && p.q_bias == nullptr && !sw.is(Switch::kHopperD192, '0')) plan.bucket = 192;
+    }
     plan.block_m = 128;
     plan.block_n = plan.bucket == 256 ? 64 : 128;
     plan.row_tiles = ceil_div(p.seq_q, 128);
     plan.num_splits = 1;
-    plan.cluster = plan.bucket == 256 ? 1 : hopper_key_splits(p, sw);
-    // Latent attention (DeepSeek-V3: D = 192, Dv = 128): V, O and the P V product at 128 columns
-    // (hopper_{f16,bf16}_d256v128.cu) rather than padded to 256 -- a quarter less tensor work per
-    // tile and 64 accumulators per thread instead of 128 (docs/notes/cuda_kernel.md, session 43).
-    if (plan.bucket == 256 && p.head_dim_v <= 128 && !sw.is(Switch::kHopperDvBucket, '0')) plan.bucket_v = 128;
+    plan.cluster = plan.bucket > 128 ? 1 : hopper_key_splits(p, sw);
     if (plan.cluster == 1 && hopper_wg_split(p, dev, plan, sw)) {
       // One block per 64-row item (no persistent grid: one round, or several waves when forced).
       plan.wg_split = true;
@@ -754,6 +762,8 @@ RunFn pick_kernel(const AttentionParams& p, const Plan& plan) {
 #ifdef OPSFUSE_CUDA_HOPPER
       static const RunFn h[3] = {run_hopper_f16_d64, run_hopper_f16_d128, run_hopper_f16_d256};
       static const RunFn bf[3] = {run_hopper_bf16_d64, run_hopper_bf16_d128, run_hopper_bf16_d256};
+      if (plan.bucket == 192)  // latent attention: Q / K over 192 columns, V's own bucket
+        return p.dtype == DType::kFloat16 ? run_hopper_f16_d192_v128 : run_hopper_bf16_d192_v128;
       if (plan.bucket == 256 && plan.bucket_v == 128)  // latent attention: V's own bucket
         return p.dtype == DType::kFloat16 ? run_hopper_f16_d256_v128 : run_hopper_bf16_d256_v128;
       return p.dtype == DType::kFloat16 ? h[bi] : bf[bi];

@@ -100,6 +100,7 @@ enum class Switch : int {
   kHopperSeqD128,       // OPSFUSE_CUDA_HOPPER_SEQ_D128
   kHopperSeqWide,       // OPSFUSE_CUDA_HOPPER_SEQ_WIDE
   kHopperDvBucket,      // OPSFUSE_CUDA_HOPPER_DV_BUCKET
+  kHopperD192,          // OPSFUSE_CUDA_HOPPER_D192
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -131,9 +132,10 @@ void record_hopper_mode(int mode);
 
 struct Plan {
   KernelKind kind = KernelKind::kTensorCore;
-  int bucket = 64;      // compiled head size that D and Dv are rounded up to (64, 128, 256)
+  int bucket = 64;      // compiled head size that D and Dv are rounded up to (64, 128, 256; kHopper
+                        // also 192: latent attention's Q / K, see bucket_v)
   int bucket_v = 64;    // kHopper: Dv's own bucket, = bucket but for latent attention (D in (128, 256],
-                        // Dv <= 128: 128, the (256, 128) instantiation); the other kinds: = bucket
+                        // Dv <= 128: 128, the (192, 128) or (256, 128) instantiation); other kinds: = bucket
   int block_m = 128;    // query rows per block
   int block_n = 64;     // keys per tile
   int num_splits = 1;   // > 1: split-KV with a combine pass
@@ -200,6 +202,8 @@ OPSFUSE_DECLARE_TC(run_hopper_f16_d256);
 OPSFUSE_DECLARE_TC(run_hopper_bf16_d256);
 OPSFUSE_DECLARE_TC(run_hopper_f16_d256_v128);  // latent attention: Dv <= 128 < D (Plan::bucket_v)
 OPSFUSE_DECLARE_TC(run_hopper_bf16_d256_v128);
+OPSFUSE_DECLARE_TC(run_hopper_f16_d192_v128);  // ... with D <= 192
+OPSFUSE_DECLARE_TC(run_hopper_bf16_d192_v128);
 OPSFUSE_DECLARE_TC(run_hopper_dec_f16_d64);  // hopper/hopper_dec_*.cu, sm_90a only
 OPSFUSE_DECLARE_TC(run_hopper_dec_f16_d128);
 OPSFUSE_DECLARE_TC(run_hopper_dec_bf16_d64);

@@ -253,6 +253,8 @@ LATENT_CASES = {
     # name: (b, hq, hkv, sq, sk, d, dv), attrs, mask kind, key lengths; 128 < D <= 256 with Dv <= 128
     "deepseek_causal1_gqa2": ((2, 8, 4, 300, 300, 192, 128), {"is_causal": 1}, None, None),
     "deepseek_noncausal_persistent": ((2, 80, 80, 260, 520, 192, 128), {}, None, None),  # 480 items
+    "deepseek_kl_gqa4": ((2, 8, 2, 200, 700, 192, 128), {}, None, [700, 333]),
+    "d176_dv96_boolmask_causal2": ((2, 4, 4, 130, 260, 176, 96), {"is_causal": 2}, "bool", None),
     "d256_dv64_boolmask_kl": ((2, 4, 2, 130, 260, 256, 64), {}, "bool", [260, 77]),
     "d200_dv72_softcap_causal2": ((1, 4, 4, 97, 300, 200, 72), {"is_causal": 2, "softcap": 30.0}, "additive", None),
 }
@@ -260,12 +262,13 @@ LATENT_CASES = {
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", sorted(LATENT_CASES))
-def test_latent_attention_v_bucket(dtype, case, monkeypatch):
-    """Latent attention (DeepSeek-V3: D = 192, Dv = 128) in the Hopper kernel's own V bucket (V tiles,
-    O and the P V product at 128 columns) against the same launch with V padded to the D = 256
-    bucket (OPSFUSE_CUDA_HOPPER_DV_BUCKET=0): the columns past Dv were zero products, so the two
-    agree bit for bit, and both are within the 2x rule (elsewhere than Hopper both runs are the
-    portable kernel's)."""
+def test_latent_attention_buckets(dtype, case, monkeypatch):
+    """Latent attention (DeepSeek-V3: D = 192, Dv = 128) in the Hopper kernel's own buckets: by default
+    Q / K over 192 columns on 128-key tiles where D <= 192, with V, O and P V at 128 columns; with
+    OPSFUSE_CUDA_HOPPER_D192=0 the (256, 128) instantiation, whose 64-key tiles are those of the
+    launch with V padded to 256 columns too (OPSFUSE_CUDA_HOPPER_DV_BUCKET=0): the columns past Dv
+    were zero products, so those two agree bit for bit. All within the 2x rule (elsewhere than
+    Hopper every run is the portable kernel's)."""
     require_cuda_module()
     monkeypatch.setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1")  # also where the portable plan would split the keys
     (b, hq, hkv, sq, sk, d, dv), attrs, mask_kind, lengths = LATENT_CASES[case]
@@ -284,11 +287,14 @@ def test_latent_attention_v_bucket(dtype, case, monkeypatch):
         for i, n in enumerate(kl):
             k_run[i, :, n:, :] = np.nan
             v_run[i, :, n:, :] = np.nan
-    envs = {"v_bucket": {}, "padded_v": {"OPSFUSE_CUDA_HOPPER_DV_BUCKET": "0"}}
+    envs = {"v_bucket": {"OPSFUSE_CUDA_HOPPER_D192": "0"}, "padded_v": {"OPSFUSE_CUDA_HOPPER_DV_BUCKET": "0"},
+            "default": {}}
     outs = outputs_under(monkeypatch, envs, q, k_run, v_run, mask, kl, **attrs)
-    assert_same_bits(outs, seed)
-    assert_within_2x_torch(outs["v_bucket"], q, k, v, mask, kl, attrs.get("scale"), attrs.get("is_causal", 0),
-                           attrs.get("softcap", 0.0), what=f"latent attention {case} (seed {seed})")
+    assert_same_bits({name: outs[name] for name in ("v_bucket", "padded_v")}, seed)
+    for name in ("default", "v_bucket"):
+        assert np.all(np.isfinite(outs[name].astype(np.float64))), f"{name}: non-finite output (seed {seed})"
+        assert_within_2x_torch(outs[name], q, k, v, mask, kl, attrs.get("scale"), attrs.get("is_causal", 0),
+                               attrs.get("softcap", 0.0), what=f"latent attention {case} {name} (seed {seed})")
 
 
 SHARED_ROW_MASK_CASES = {

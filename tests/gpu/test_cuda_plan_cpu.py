@@ -15,7 +15,7 @@ from cuda_helpers import FakeTensor
 # Every OPSFUSE_CUDA_* switch the heuristic reads: unset for these tests unless a test sets one.
 SWITCHES = ["DISABLE_HOPPER", "FORCE_HOPPER", "HOPPER_PERSISTENT", "HOPPER_SPLITS", "HOPPER_TAIL_SPLIT",
             "HOPPER_DYNAMIC", "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT", "HOPPER_DECODE",
-            "DECODE_SPLITS", "DECODE_NO_CLUSTER", "HOPPER_CHAIN", "HOPPER_DV_BUCKET"]
+            "DECODE_SPLITS", "DECODE_NO_CLUSTER", "HOPPER_CHAIN", "HOPPER_DV_BUCKET", "HOPPER_D192"]
 
 
 @pytest.fixture()
@@ -106,22 +106,39 @@ def test_chain_switch(mod, monkeypatch, value, tiles, causal_tiles):
 
 
 @pytest.mark.parametrize("d,dv,bucket,bucket_v", [
-    (192, 128, 256, 128),  # DeepSeek-V3's latent attention
+    (192, 128, 192, 128),  # DeepSeek-V3's latent attention
+    (160, 64, 192, 128),
     (256, 64, 256, 128),
     (200, 72, 256, 128),
     (192, 192, 256, 256),
     (96, 256, 256, 256),   # V wider than Q / K: one bucket
     (128, 64, 128, 128),   # no V bucket of its own below 256
 ])
-def test_latent_attention_takes_its_own_v_bucket(mod, monkeypatch, d, dv, bucket, bucket_v):
-    """128 < D <= 256 with Dv <= 128 runs the (256, 128) instantiation on Hopper (V, O and P V at 128
-    columns); OPSFUSE_CUDA_HOPPER_DV_BUCKET=0 and the portable kernels keep one bucket."""
+def test_latent_attention_takes_its_own_buckets(mod, monkeypatch, d, dv, bucket, bucket_v):
+    """128 < D <= 256 with Dv <= 128 runs on Hopper with V, O and P V at 128 columns, and Q / K at 192
+    where D <= 192 (the (192, 128) and (256, 128) instantiations); OPSFUSE_CUDA_HOPPER_D192=0 keeps
+    Q / K at 256, OPSFUSE_CUDA_HOPPER_DV_BUCKET=0 pads V too, and the portable kernels keep one
+    bucket of 256."""
     s = plan(mod, 1, 128, 4096, 4096, d, dv=dv, is_causal=1)
     require_hopper(s)
     assert s["kernel"] == "hopper" and (s["bucket"], s["bucket_v"]) == (bucket, bucket_v)
-    assert plan(mod, 1, 128, 4096, 4096, d, dv=dv, cc=80)["bucket_v"] == bucket
+    assert s["cluster"] == 1 and not s["stream_k"] and not s["wg_split"]
+    one_bucket = 256 if bucket > 128 else bucket
+    portable = plan(mod, 1, 128, 4096, 4096, d, dv=dv, cc=80)
+    assert (portable["bucket"], portable["bucket_v"]) == (one_bucket, one_bucket)
+    monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_D192", "0")
+    assert plan(mod, 1, 128, 4096, 4096, d, dv=dv, is_causal=1)["bucket"] == one_bucket
     monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_DV_BUCKET", "0")
-    assert plan(mod, 1, 128, 4096, 4096, d, dv=dv, is_causal=1)["bucket_v"] == bucket
+    padded = plan(mod, 1, 128, 4096, 4096, d, dv=dv, is_causal=1)
+    assert (padded["bucket"], padded["bucket_v"]) == (one_bucket, one_bucket)
+
+
+def test_latent_attention_with_a_q_bias_keeps_q_at_256(mod):
+    """The kernel's Q-bias walk needs rows of 64 or 128 columns: with a Q bias, D = 192 takes the
+    (256, 128) instantiation."""
+    s = plan(mod, 1, 128, 4096, 4096, 192, dv=128, q_bias=FakeTensor((128 * 192,)))
+    require_hopper(s)
+    assert s["kernel"] == "hopper" and (s["bucket"], s["bucket_v"]) == (256, 128)
 
 
 def test_other_devices_and_dtypes(mod):

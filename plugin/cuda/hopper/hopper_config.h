@@ -76,14 +76,15 @@ constexpr int kConsumerWarps = 8;
 // kKeys: keys per tile; 256 for kPlainSeqWide (D = 64 only), whose 32 KB K and V tiles take two
 // stages (176 KB in all; three would need 240).
 // kDv: V's and the output's column bucket, kD but for latent attention (D = 192, Dv = 128:
-// DeepSeek-V3), whose instantiation (256, 128) keeps V tiles, O's accumulators and the P V product
-// at 128 columns instead of padding them to 256.
+// DeepSeek-V3), whose instantiations (192, 128) and (256, 128) keep V tiles, O's accumulators and
+// the P V product at 128 columns instead of padding them to 256. (192, 128) takes 128-key tiles (O's
+// 64 accumulators leave D = 128's registers) and one Q buffer: 48 + 2 x (48 + 32) KB.
 template <int kD, int kKeys = (kD == 256 ? 64 : hopper::kBN), int kDv = kD>
 struct Config {
   static_assert(kDv <= kD && kDv % 64 == 0, "V's bucket: a multiple of 64, at most Q / K's");
   static constexpr int kBN = kKeys;
   static constexpr int kStages = kD == 64 && kKeys == 128 ? 3 : 2;
-  static constexpr int kQBuffers = kD == 256 ? 1 : 2;
+  static constexpr int kQBuffers = kD > 128 ? 1 : 2;
   static constexpr bool kOStage = kD <= 128 && kDv == kD;
   static constexpr int kQBytes = kBM * kD * 2;  // also the output tile's (kOStage)
   static constexpr int kKVBytes = kBN * kD * 2;  // one K tile

@@ -1,6 +1,7 @@
 // Internal to plugin/cuda: the Hopper (sm_90a) FusedAttention forward kernel for float16 /
 // bfloat16, head-size buckets 64, 128 and 256 (D, Dv <= bucket: TMA zero-fills the columns beyond D / Dv,
-// the epilogue stores Dv columns). Compiled only for sm_90a (hopper/*.cu); the launcher
+// the epilogue stores Dv columns), and for latent attention (Dv <= 128 < D) the (D, Dv) buckets
+// (192, 128) and (256, 128) (kDv). Compiled only for sm_90a (hopper/*.cu); the launcher
 // (attention_cuda.cu, choose_plan) takes it on compute capability 9.0 devices for the cases it
 // covers and keeps the portable mma.sync kernel (flash_tc.cuh) for everything else.
 // Beside it, one job each: hopper_config.h (tile traits, shared-memory budget, compile-time A/B
@@ -133,7 +134,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap tm_y, const int pingpong, const int n_work,
                       const int splits, const int mask_classes, const int tail_round, const int tma_store) {
   using Cfg = ModeConfig<kD, kMode, kDv>;
-  static_assert(kDv == kD || kD == 256, "a V bucket of its own: the D = 256 kernel only (latent attention)");
+  static_assert(kDv == kD || kD > 128, "a V bucket of its own: latent attention's kernels only (D > 128)");
+  static_assert(kD % 64 == 0 && kD <= 256, "Q / K: whole 64-column regions");
+  // Wide heads (D > 128: 192 and 256) are never split by keys, tail or stream-K (choose_plan): those
+  // paths are compiled out of their kernels.
+  constexpr bool kWideHead = kD > 128;
   static_assert(kMode != kPlainSplit || kD <= 128, "the split merge stages O over the K ring: D <= 128");
   // kPlainSplit: both consumer warpgroups work on one item's 64 rows (the first 64 of the Q
   // buffer, whose 128-row TMA box also brings the next 64, unused), each on every other key tile.
@@ -161,12 +166,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
   __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
   __shared__ int4 work_slot[kQBuffers][2];  // round r's Work for the consumers (publish_work)
-  // D = 256's general kernel: the base through a shuffle, which ptxas takes as warp-uniform and
-  // cannot recompute. Without it, ptxas rebuilt the base in vector registers inside the key loop and
-  // moved every wgmma descriptor into uniform registers with R2UR just before its HGMMA (35 of 41;
-  // scripts/check_sass.py flags it). The other kernels keep their code (with the shuffle D = 256's
-  // plain kernel spilled).
-  const uint32_t base = uniform_if<OPSFUSE_HOPPER_UNIFORM_BASE != 0 && kMode == kGeneral && kD == 256>((smem_u32(smem_raw) + 1023u) & ~1023u);
+  // The wide heads' (D = 192, 256) general kernels: the base through a shuffle, which ptxas takes as
+  // warp-uniform and cannot recompute. Without it, ptxas rebuilt the base in vector registers inside
+  // the key loop and moved every wgmma descriptor into uniform registers with R2UR just before its
+  // HGMMA (35 of 41 at D = 256, 30 of 41 at 192; scripts/check_sass.py flags it). The other kernels
+  // keep their code (with the shuffle D = 256's plain kernel spilled).
+  const uint32_t base = uniform_if<OPSFUSE_HOPPER_UNIFORM_BASE != 0 && kMode == kGeneral && kWideHead>((smem_u32(smem_raw) + 1023u) & ~1023u);
   const uint32_t sQ = base;                              // Q buffer b at sQ + b * kQBytes
   const uint32_t sK = sQ + kQBuffers * Cfg::kQBytes;     // stage s at sK + s * kKVBytes
   const uint32_t sV = sK + kStages * Cfg::kKVBytes;      // stage s at sV + s * kVBytes
@@ -215,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // item makes none. r_tail is a kernel parameter (computing it here, n_work / G, kept a register
   // live through the consumers' key loop and spilled); rounds past it land beyond n_work.
   // D = 256 never splits (launch_hopper): its round structure is fixed at compile time.
-  const int tail_from = kD == 256 ? INT_MAX : tail_round;
-  auto splits_in = [&](int r) { return r >= tail_from ? 2 : (kD == 256 ? 1 : splits); };  // round r's item
+  const int tail_from = kWideHead ? INT_MAX : tail_round;
+  auto splits_in = [&](int r) { return r >= tail_from ? 2 : (kWideHead ? 1 : splits); };  // round r's item
   // Stream-K (a.sk_count != null; the plain kernel at D <= 128 only, so that the others carry none
   // of it; launch_hopper: a persistent grid, unsplit, static order): the first a.sk_rounds rounds
   // are the static order's, whole items; the n_sk = n_work - sk_rounds G items after them (G <=
@@ -229,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // once: its first part (key tiles 0 .. j - 1) is the last round of one block, its second the
   // first stream-K round of the next. Both parts end in the consumers' stream-K exchange (after
   // the key loop), where the second to arrive merges them and stores.
-  auto stream_k = [&]() { return kMode == kPlain && kD != 256 && a.sk_count != nullptr; };  // not kPlainSplit
+  auto stream_k = [&]() { return kMode == kPlain && !kWideHead && a.sk_count != nullptr; };  // not kPlainSplit
   auto sk_tiles = [&]() { return (a.seq_k + kBN - 1) / kBN; };
   auto sk_base = [&]() { return a.sk_rounds * static_cast<int>(gridDim.x); };  // the first shared item
   // (32-bit arithmetic: choose_plan keeps the units below 2^31; 64-bit divisions spilled in the
@@ -485,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // launch merges its one item, a tail-split one the item of its last round if its cluster has
     // one (the same answer in both blocks). Either is the block's last item, so tid 0 has issued
     // all its loads before it arrives.
-    if (kD != 256 && (splits > 1 || item_of(tail_from) < n_work)) {
+    if (!kWideHead && (splits > 1 || item_of(tail_from) < n_work)) {
       __syncwarp();
       cluster_sync();
       cluster_sync();
@@ -784,7 +789,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     auto score_general = [&](int n0, int c0) {
-      constexpr int kMaskChunk = kD == 128 ? 1 : 2;  // column groups per batch: 2 / 4 loads in flight per row (more spilled at D = 128)
+      constexpr int kMaskChunk = kD == 128 || kD == 192 ? 1 : 2;  // column groups per batch: 2 / 4 loads in flight per row (more spilled at D = 128)
       const int kind = a.mask_kind;
       if (kind == 0) {
         score_unmasked(n0, c0);
@@ -1527,8 +1532,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     const int ns = splits_in(round);  // recomputed here: not a register through the key loop
-    // (D = 256 is never split: its merge would not fit the ring, launch_hopper refuses it.)
-    if (kD != 256 && ns > 1) {
+    // (Wide heads are never split: D = 256's merge would not fit the ring, launch_hopper refuses it.)
+    if (!kWideHead && ns > 1) {
       // Split merge. Every rank's thread holds the same rows and columns of O (the accumulator
       // layout does not depend on the keys), so ranks > 0 put their (O, max, per-thread sum) in
       // their shared memory over the K/V ring (both warpgroups' last products are done: named

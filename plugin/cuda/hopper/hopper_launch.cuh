@@ -27,15 +27,18 @@ inline int hopper_mode(const KernelArgs& a, const Plan& plan) {
   return a.mask_kind == 1 ? hopper::kMaskBool : hopper::kMaskAdd;
 }
 
-// kDv: V's column bucket (hopper::Config), kD but for latent attention's (256, 128) instantiation,
-// which choose_plan takes through Plan::bucket_v.
+// kDv: V's column bucket (hopper::Config), kD but for latent attention's (192, 128) and (256, 128)
+// instantiations, which choose_plan takes through Plan::bucket and Plan::bucket_v.
 template <typename T, int kD, int kDv = kD>
 cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t stream) {
-  static_assert(kDv == kD || kD == 256, "a V bucket of its own: the D = 256 kernel only");
+  static_assert(kDv == kD || kD > 128, "a V bucket of its own: latent attention's kernels only (D > 128)");
   using Cfg = hopper::ModeConfig<kD, hopper::kPlain, kDv>;  // every mode's but kPlainSeqWide's (WideCfg)
   using WideCfg = hopper::ModeConfig<kD, hopper::kPlainSeqWide>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if (a.head_dim > kD || a.head_dim_v > kDv) return cudaErrorInvalidValue;  // a plan for another bucket
+  // The kernel adds a Q bias by walking Q's rows in 16-byte chunks whose column group each thread
+  // keeps (hopper_fwd.cuh): rows of 64 or 128 columns only (choose_plan keeps D = 192 off it).
+  if (kD == 192 && a.q_bias != nullptr) return cudaErrorInvalidValue;
   CUtensorMap tq, tk, tv, ty;  // K and V's once the mode (their tiles' keys) is known
   if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
@@ -50,14 +53,15 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   if (!tma_store) ty = tq;  // a valid map in the unused parameter
   static int smem_done[hopper::kModes][64] = {};
   // D = 256 reads masks through the general scoring: the pair loads' 16 registers do not fit
-  // beside its 128-register O (ptxas spilled them), and that leaves two instantiations to compile.
+  // beside its 128-register O (ptxas spilled them), and that leaves two instantiations to compile;
+  // latent attention's D = 192 kernel has the same two.
   int mode = hopper_mode(a, plan);
-  if (kD == 256 && mode != hopper::kPlain) mode = hopper::kGeneral;
+  if (kD > 128 && mode != hopper::kPlain) mode = hopper::kGeneral;
   // The warpgroup key split (choose_plan's hopper_wg_split()): the plain kernel's launches only, one
   // block per 64-row item, every item with the same >= 2 key tiles (no causal, no key_lengths) and
   // no Q bias (each warpgroup would add it to the rows they share).
   if (plan.wg_split) {
-    if (kD == 256 || mode != hopper::kPlain || plan.persistent > 0 || plan.cluster != 1 || a.sk_count != nullptr ||
+    if (kD > 128 || mode != hopper::kPlain || plan.persistent > 0 || plan.cluster != 1 || a.sk_count != nullptr ||
         a.tile_counter != nullptr || a.causal != 0 || a.key_lengths != nullptr || a.q_bias != nullptr ||
         a.seq_k <= hopper::kBN)
       return cudaErrorInvalidValue;
@@ -114,7 +118,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, keys_per_tile))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   auto kernel = [&] {
-    if constexpr (kD == 256) {
+    if constexpr (kD > 128) {
       return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain, kDv>
                                     : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral, kDv>;
     } else {
@@ -162,7 +166,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     // plan.persistent blocks (the units were divided among that many), unsplit; the arrival counts
     // of its shared items start at 0.
     const int64_t shared = blocks - static_cast<int64_t>(a.sk_rounds) * grid;
-    if (kD == 256 || mode != hopper::kPlain || plan.persistent <= 0 || grid != plan.persistent || plan.cluster != 1 ||
+    if (kD > 128 || mode != hopper::kPlain || plan.persistent <= 0 || grid != plan.persistent || plan.cluster != 1 ||
         shared < grid || shared >= 2 * grid)
       return cudaErrorInvalidValue;
     err = cudaMemsetAsync(a.sk_count, 0, static_cast<size_t>(shared) * sizeof(int), stream);

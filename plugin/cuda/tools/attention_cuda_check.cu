@@ -734,13 +734,17 @@ int main(int argc, char** argv) {
       {"hop bf16 d200/256 persistent addpad gqa3", BF, 3, 9, 3, 520, 400, 200, 256, 0, 0.f, MA, 3, 0},
       {"hop f16 d256 persistent causal1 kl64", H, 2, 8, 4, 600, 600, 256, 256, 1, 0.f, N, 0, 64, 1},
       {"hop bf16 d256 split2 tail ignored", BF, 1, 12, 12, 300, 700, 256, 256, 0, 0.f, N, 0, 0, 0, 2, 1},
-      // Latent attention, 128 < D <= 256 with Dv <= 128: the (256, 128) instantiation (V, O and P V at
-      // 128 columns): DeepSeek-V3's 192 / 128 causal on a persistent grid with GQA, the general
-      // kernel's mask + softcap + key_lengths, a padding mask, Dv off the bucket (72, 64).
+      // Latent attention, 128 < D <= 256 with Dv <= 128 (V, O and P V at 128 columns): D <= 192 in the
+      // (192, 128) instantiation on 128-key tiles -- DeepSeek-V3's 192 / 128 causal on a persistent
+      // grid with GQA, the general kernel's mask + softcap + key_lengths, key_lengths alone (a V tile's
+      // tail zeroed), D and Dv off the buckets with a bool mask -- and D > 192 in the (256, 128) one
+      // (a padding mask, Dv off the bucket); the Q bias case below takes (256, 128) too.
       {"hop bf16 d192/128 latent persistent causal1 gqa2", BF, 2, 8, 4, 600, 600, 192, 128, 1, 0.f, N, 0, 0, 1},
       {"hop f16 d192/128 latent addmask softcap kl32", H, 2, 4, 4, 130, 300, 192, 128, 2, 30.f, MA, 2, 32},
       {"hop bf16 d256/64 latent boolpad gqa2", BF, 3, 4, 2, 97, 260, 256, 64, 0, 0.f, MB, 3, 0},
       {"hop f16 d200/72 latent causal2 kl64", H, 2, 4, 2, 130, 389, 200, 72, 2, 0.f, N, 0, 64},
+      {"hop f16 d192/128 latent kl64 gqa4", H, 3, 8, 2, 300, 700, 192, 128, 0, 0.f, N, 0, 64},
+      {"hop bf16 d176/96 latent boolmask causal1", BF, 2, 4, 4, 200, 333, 176, 96, 1, 0.f, MB, 4, 0},
       // Q/K/V biases, added by the kernel (Q's into its tile, V's in the epilogue of every schedule,
       // K's left out) -- except softcap with K's bias, which reads biased copies (bias_fold.h):
       // BERT's padded shape, a persistent causal grid with key_lengths, key splits, the tail split,
@@ -787,7 +791,7 @@ int main(int argc, char** argv) {
   // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
   // warpgroup-split and two chaining cases, three bias cases (key splits, the tail split, softcap's
   // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq), latent attention's
-  // V bucket (a mask, softcap and a V tile's tail zeroed at 128 columns); the other
+  // (192, 128) kernel (a mask, softcap, a V tile's tail zeroed) and D = 256 (one Q buffer); the other
   // persistent-grid cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
@@ -798,7 +802,8 @@ int main(int argc, char** argv) {
                                 "hop f16 d128 chain quick 270x2048", "hop f16 d128 chain quick causal1 136x1024",
                                 "hop f16 d64 seq seed 12x128",
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
-                                "hop bf16 d40 wide Sq97 gqa3 512", "hop f16 d192/128 latent addmask softcap kl32"};
+                                "hop bf16 d40 wide Sq97 gqa3 512", "hop f16 d192/128 latent addmask softcap kl32",
+                                "hop f16 d256 plain 200x300"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
