@@ -76,3 +76,16 @@ def hopper_kernel_runs():
 
     archs = str(opsfuse.build_info().get("cuda_architectures", ""))
     return torch.cuda.get_device_capability() == (9, 0) and "90" in archs
+
+
+def padded_cache(k, v, lengths):
+    """K and V as a padded cache: copies holding NaN at every position >= lengths[b] of batch b, which
+    a kernel must keep out (masked scores, zeroed V rows); the inputs themselves when lengths is None."""
+    if lengths is None:
+        return k, v
+    k_cache, v_cache = k.copy(), v.copy()
+    for i, n in enumerate(lengths):
+        k_cache[i, :, n:, :] = np.nan
+        v_cache[i, :, n:, :] = np.nan
+    return k_cache, v_cache
+

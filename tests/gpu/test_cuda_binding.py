@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from accuracy import assert_within_2x_torch, random_inputs
-from cuda_helpers import BF16, fresh_rng, hopper_kernel_runs, poisoned, require_cuda_module, to_device, to_numpy
+from cuda_helpers import (BF16, fresh_rng, hopper_kernel_runs, padded_cache, poisoned, require_cuda_module, to_device,
+                          to_numpy)
 
 pytestmark = pytest.mark.gpu
 
@@ -197,13 +198,27 @@ def test_key_lengths_ignore_nan_past_length(dtype, sq, d):
     sk = 700
     q, k, v = random_inputs(rng, dtype, 4, 4, 2, sq, sk, d, d)
     lengths = np.array([333, 1, 700, 128], dtype=np.int64)
-    k_cache, v_cache = k.copy(), v.copy()
-    for i, n in enumerate(lengths):
-        k_cache[i, :, n:, :] = np.nan
-        v_cache[i, :, n:, :] = np.nan
+    k_cache, v_cache = padded_cache(k, v, lengths)
     out = run_binding(q, k_cache, v_cache, key_lengths=lengths)
     assert np.all(np.isfinite(out.astype(np.float64))), f"NaN past key_lengths leaked (seed {seed})"
     assert_within_2x_torch(out, q, k, v, None, lengths, what=f"NaN cache tail (seed {seed})")
+
+
+def wide_head_inputs(rng, dtype, shape, mask_kind, lengths):
+    """Q, K, V of shape (b, hq, hkv, sq, sk, d, dv); the K, V to run with (padded_cache: NaN past each
+    batch's key length where lengths are given); a (b, 1, sq, sk) bool mask
+    with a fully masked row, an (sq, sk) additive one, or None; the key lengths as int64 or None."""
+    b, hq, hkv, sq, sk, d, dv = shape
+    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((b, 1, sq, sk)) < 0.8
+        mask[0, 0, 3, :] = False  # a fully masked row -> 0
+    elif mask_kind == "additive":
+        mask = (rng.standard_normal((sq, sk)) * 2).astype(dtype)
+    kl = None if lengths is None else np.array(lengths, dtype=np.int64)
+    k_run, v_run = padded_cache(k, v, kl)
+    return q, k, v, k_run, v_run, mask, kl
 
 
 HOPPER_D256_CASES = {
@@ -229,20 +244,7 @@ def test_head_size_256_features(dtype, case, monkeypatch):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     rng, seed = fresh_rng()
-    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
-    mask = None
-    if mask_kind == "bool":
-        mask = rng.random((b, 1, sq, sk)) < 0.8
-        mask[0, 0, 5, :] = False  # a fully masked row -> 0
-    elif mask_kind == "additive":
-        mask = (rng.standard_normal((sq, sk)) * 2).astype(dtype)
-    kl = None if lengths is None else np.array(lengths, dtype=np.int64)
-    k_run, v_run = k, v
-    if kl is not None:  # a padded cache: NaN past each batch's length must stay out
-        k_run, v_run = k.copy(), v.copy()
-        for i, n in enumerate(kl):
-            k_run[i, :, n:, :] = np.nan
-            v_run[i, :, n:, :] = np.nan
+    q, k, v, k_run, v_run, mask, kl = wide_head_inputs(rng, dtype, (b, hq, hkv, sq, sk, d, dv), mask_kind, lengths)
     out = run_binding(q, k_run, v_run, attn_mask=mask, key_lengths=kl, **attrs)
     assert np.all(np.isfinite(out.astype(np.float64))), f"non-finite output (seed {seed})"
     assert_within_2x_torch(out, q, k, v, mask, kl, attrs.get("scale"), attrs.get("is_causal", 0),
@@ -273,20 +275,7 @@ def test_latent_attention_buckets(dtype, case, monkeypatch):
     monkeypatch.setenv("OPSFUSE_CUDA_FORCE_HOPPER", "1")  # also where the portable plan would split the keys
     (b, hq, hkv, sq, sk, d, dv), attrs, mask_kind, lengths = LATENT_CASES[case]
     rng, seed = fresh_rng()
-    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
-    mask = None
-    if mask_kind == "bool":
-        mask = rng.random((b, 1, sq, sk)) < 0.8
-        mask[0, 0, 3, :] = False  # a fully masked row -> 0
-    elif mask_kind == "additive":
-        mask = (rng.standard_normal((sq, sk)) * 2).astype(dtype)
-    kl = None if lengths is None else np.array(lengths, dtype=np.int64)
-    k_run, v_run = k, v
-    if kl is not None:  # a padded cache: NaN past each batch's length must stay out
-        k_run, v_run = k.copy(), v.copy()
-        for i, n in enumerate(kl):
-            k_run[i, :, n:, :] = np.nan
-            v_run[i, :, n:, :] = np.nan
+    q, k, v, k_run, v_run, mask, kl = wide_head_inputs(rng, dtype, (b, hq, hkv, sq, sk, d, dv), mask_kind, lengths)
     envs = {"v_bucket": {"OPSFUSE_CUDA_HOPPER_D192": "0"}, "padded_v": {"OPSFUSE_CUDA_HOPPER_DV_BUCKET": "0"},
             "default": {}}
     outs = outputs_under(monkeypatch, envs, q, k_run, v_run, mask, kl, **attrs)
@@ -395,12 +384,7 @@ def test_persistent_orders_agree(dtype, case, monkeypatch):
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, d)
     kl = None if lengths is None else np.array(lengths, dtype=np.int64)
-    k_run, v_run = k, v
-    if kl is not None:
-        k_run, v_run = k.copy(), v.copy()
-        for i, n in enumerate(kl):
-            k_run[i, :, n:, :] = np.nan
-            v_run[i, :, n:, :] = np.nan
+    k_run, v_run = padded_cache(k, v, kl)  # NaN past each length must stay out
     hopper = hopper_kernel_runs()
     outs = {}
     for name, env in DYNAMIC_ORDER_ENVS.items():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from accuracy import assert_within_2x_torch, random_inputs
-from cuda_helpers import fresh_rng, require_cuda_module, to_device, to_numpy
+from cuda_helpers import fresh_rng, padded_cache, require_cuda_module, to_device, to_numpy
 from test_cuda_binding import check, run_binding
 
 pytestmark = pytest.mark.gpu
@@ -222,10 +222,7 @@ def test_decode_ignores_cache_past_key_lengths(monkeypatch, dtype, mode, hq, hkv
     b, sk = 5, 2000
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, d)
     lengths = np.array([1000, 77, 0, sk, 128], dtype=np.int64)
-    k_cache, v_cache = k.copy(), v.copy()
-    for i, n in enumerate(lengths):
-        k_cache[i, :, n:, :] = np.nan
-        v_cache[i, :, n:, :] = np.nan
+    k_cache, v_cache = padded_cache(k, v, lengths)
     out = run_binding(q, k_cache, v_cache, key_lengths=lengths, is_causal=2 if sq > 1 else 0)
     assert np.all(np.isfinite(out.astype(np.float64))), f"NaN past key_lengths leaked (seed {seed})"
     assert_within_2x_torch(out, q, k, v, None, lengths, None, 2 if sq > 1 else 0, 0.0,
