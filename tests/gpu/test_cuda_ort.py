@@ -84,6 +84,9 @@ CASES = [
     (ml_dtypes.bfloat16, (1, 2, 2, 40, 77, 96, 80), {"softcap": 20.0}, "additive", np.int32),
     (np.float32, (2, 3, 3, 65, 120, 64, 64), {"scale": 0.2}, "additive", None),
     (np.float32, (1, 4, 1, 33, 90, 256, 40), {"is_causal": 2}, "bool", np.int32),
+    # latent attention (DeepSeek-V3's 192 / 128): on Hopper the (192, 128) kernel, plain and general
+    (ml_dtypes.bfloat16, (2, 16, 16, 300, 300, 192, 128), {"is_causal": 1}, None, None),
+    (np.float16, (2, 16, 4, 260, 520, 192, 128), {}, "bool", np.int64),
 ]
 
 
