@@ -3,7 +3,11 @@ PyTorch's SDPA backends in the same process (docs/results/mla_probe_*.md). The o
 poisoned with NaN first and compared with a float64 SDPA where that fits in memory.
 
     python3 scripts/mla_probe.py        (after scripts/gpu_run.sh OUT --stages env,build)
+    python3 scripts/mla_probe.py --padding-mask   (a (B, 1, 1, S) bool mask hiding the last eighth of
+                                                   the keys; opsfuse's pair-mask kernel against its
+                                                   general scoring, OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0)
 """
+import sys
 import time
 
 import torch
@@ -17,7 +21,14 @@ from opsfuse.bench.cuda import env_variant, time_kernels_interleaved
 # a D = Dv = 128 control
 SHAPES = [(1, 128, 4096, 192, 128, 1), (1, 128, 2048, 192, 128, 1), (4, 16, 4096, 192, 128, 1),
           (4, 16, 4096, 192, 128, 0), (4, 16, 4096, 128, 128, 1)]
+MASKED_SHAPES = [(4, 16, 4096, 192, 128, 0), (1, 128, 2048, 192, 128, 1)]
 REFERENCE_LIMIT = 4 * 16 * 4096  # B * H * S up to which the float64 reference is computed
+
+
+def padding_mask(b, s):
+    """(B, 1, 1, S) bool, True = visible: the first 7/8 of the keys (a padded batch's shape)."""
+    keep = torch.arange(s, device="cuda") < s - s // 8
+    return keep.view(1, 1, 1, s).expand(b, 1, 1, s).contiguous()
 
 
 def input_sets(b, h, s, d, dv, n=3):
@@ -26,14 +37,23 @@ def input_sets(b, h, s, d, dv, n=3):
             for _ in range(n)]
 
 
-def sdpa_calls(sets, causal):
+def sdpa_mask(mask, causal, s):
+    """SDPA's form of (mask, causal): it refuses attn_mask beside is_causal, so a causal launch with a
+    mask passes the two combined (bool, True = visible) and is_causal False."""
+    if mask is None or not causal:
+        return mask, bool(causal)
+    return mask & torch.ones(s, s, dtype=torch.bool, device=mask.device).tril(), False
+
+
+def sdpa_calls(sets, causal, mask=None):
     """{backend name: calls} for the SDPA backends that take these inputs."""
+    mask, causal = sdpa_mask(mask, causal, sets[0][0].shape[2])
     out = {}
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
                           ("flash", SDPBackend.FLASH_ATTENTION)):
         def call(t, backend=backend):
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(*t, is_causal=bool(causal))
+                return F.scaled_dot_product_attention(*t, attn_mask=mask, is_causal=bool(causal))
         try:
             call(sets[0])
         except RuntimeError as exc:
@@ -43,29 +63,45 @@ def sdpa_calls(sets, causal):
     return out
 
 
-def variant_call(t, causal, switches):
+def variant_call(t, causal, switches, mask=None):
     with env_variant(switches):
-        return oc.fused_attention(*t, is_causal=causal)
+        return oc.fused_attention(*t, mask, is_causal=causal)
+
+
+def opsfuse_variants(sets, d, dv, causal, mask):
+    """{name: calls}: the default launch, and the alternatives it replaced -- without a mask the
+    (256, 128) kernel (OPSFUSE_CUDA_HOPPER_D192=0) and V padded to 256 (_DV_BUCKET=0), with one the
+    general scoring (_MASK_PAIRS=0)."""
+    alternatives = {}
+    if mask is not None:
+        alternatives["opsfuse general scoring"] = "OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0"
+    elif dv < d:
+        alternatives["opsfuse (256,128)"] = "OPSFUSE_CUDA_HOPPER_D192=0"
+        alternatives["opsfuse V padded"] = "OPSFUSE_CUDA_HOPPER_DV_BUCKET=0"
+    named = {"opsfuse": [lambda t=t: oc.fused_attention(*t, mask, is_causal=causal) for t in sets]}
+    for name, switches in alternatives.items():
+        named[name] = [lambda t=t, sw=switches: variant_call(t, causal, sw, mask) for t in sets]
+    return named
 
 
 def main():
+    masked = "--padding-mask" in sys.argv[1:]
     print(torch.cuda.get_device_name(0), torch.__version__, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-          flush=True)
-    for b, h, s, d, dv, causal in SHAPES:
+          "padding mask" if masked else "", flush=True)
+    for b, h, s, d, dv, causal in MASKED_SHAPES if masked else SHAPES:
         sets = input_sets(b, h, s, d, dv)
+        mask = padding_mask(b, s) if masked else None
         q, k, v = sets[0]
         out = torch.full((b, h, s, dv), float("nan"), device="cuda", dtype=torch.bfloat16)
-        oc.fused_attention(q, k, v, is_causal=causal, out=out)
+        oc.fused_attention(q, k, v, mask, is_causal=causal, out=out)
         err = float("nan")
         if b * h * s <= REFERENCE_LIMIT:
-            ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=bool(causal))
+            ref_mask, ref_causal = sdpa_mask(mask, causal, s)
+            ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=ref_mask,
+                                                 is_causal=ref_causal)
             err = (out.double() - ref).abs().max().item()
-        named = {"opsfuse": [lambda t=t: oc.fused_attention(*t, is_causal=causal) for t in sets]}
-        if dv < d:  # the same launch in session 43's (256, 128) kernel, and with V padded to 256 too (before it)
-            named["opsfuse (256,128)"] = [lambda t=t: variant_call(t, causal, "OPSFUSE_CUDA_HOPPER_D192=0") for t in sets]
-            named["opsfuse V padded"] = [lambda t=t: variant_call(t, causal, "OPSFUSE_CUDA_HOPPER_DV_BUCKET=0")
-                                         for t in sets]
-        named.update(sdpa_calls(sets, causal))
+        named = opsfuse_variants(sets, d, dv, causal, mask)
+        named.update(sdpa_calls(sets, causal, mask))
         times = time_kernels_interleaved(torch, named, repeat=9)
         flops = 2 * b * h * s * s * (d + dv) * (0.5 if causal else 1.0)
         print(f"B={b} H={h} S={s} D={d} Dv={dv} causal={causal} nan={torch.isnan(out).any().item()} "

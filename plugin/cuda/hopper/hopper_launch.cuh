@@ -53,10 +53,10 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   if (!tma_store) ty = tq;  // a valid map in the unused parameter
   static int smem_done[hopper::kModes][64] = {};
   // D = 256 reads masks through the general scoring: the pair loads' 16 registers do not fit
-  // beside its 128-register O (ptxas spilled them), and that leaves two instantiations to compile;
-  // latent attention's D = 192 kernel has the same two.
+  // beside its 128-register O (ptxas spilled them), and that leaves two instantiations to compile.
+  // Latent attention's D = 192 kernel, whose O has D = 128's 64 registers, takes the pair masks.
   int mode = hopper_mode(a, plan);
-  if (kD > 128 && mode != hopper::kPlain) mode = hopper::kGeneral;
+  if (kD == 256 && mode != hopper::kPlain) mode = hopper::kGeneral;
   // The warpgroup key split (choose_plan's hopper_wg_split()): the plain kernel's launches only, one
   // block per 64-row item, every item with the same >= 2 key tiles (no causal, no key_lengths) and
   // no Q bias (each warpgroup would add it to the rows they share).
@@ -118,9 +118,14 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, keys_per_tile))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
   auto kernel = [&] {
-    if constexpr (kD > 128) {
+    if constexpr (kD == 256) {
       return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain, kDv>
                                     : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral, kDv>;
+    } else if constexpr (kD == 192) {
+      return mode == hopper::kPlain     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain, kDv>
+             : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd, kDv>
+             : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool, kDv>
+                                         : hopper::hopper_fwd_kernel<T, kD, hopper::kGeneral, kDv>;
     } else {
       // kPlainChain at D = 128 only: compiled where it is taken.
       auto chain = [] {

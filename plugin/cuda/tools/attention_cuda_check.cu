@@ -737,7 +737,9 @@ int main(int argc, char** argv) {
       // Latent attention, 128 < D <= 256 with Dv <= 128 (V, O and P V at 128 columns): D <= 192 in the
       // (192, 128) instantiation on 128-key tiles -- DeepSeek-V3's 192 / 128 causal on a persistent
       // grid with GQA, the general kernel's mask + softcap + key_lengths, key_lengths alone (a V tile's
-      // tail zeroed), D and Dv off the buckets with a bool mask -- and D > 192 in the (256, 128) one
+      // tail zeroed), D and Dv off the buckets with a bool mask (odd Sk: general scoring), the pair
+      // masks (a padding mask's tile classes; an additive (Sq, Sk) one, causal, key_lengths) -- and
+      // D > 192 in the (256, 128) one
       // (a padding mask, Dv off the bucket); the Q bias case below takes (256, 128) too.
       {"hop bf16 d192/128 latent persistent causal1 gqa2", BF, 2, 8, 4, 600, 600, 192, 128, 1, 0.f, N, 0, 0, 1},
       {"hop f16 d192/128 latent addmask softcap kl32", H, 2, 4, 4, 130, 300, 192, 128, 2, 30.f, MA, 2, 32},
@@ -745,6 +747,8 @@ int main(int argc, char** argv) {
       {"hop f16 d200/72 latent causal2 kl64", H, 2, 4, 2, 130, 389, 200, 72, 2, 0.f, N, 0, 64},
       {"hop f16 d192/128 latent kl64 gqa4", H, 3, 8, 2, 300, 700, 192, 128, 0, 0.f, N, 0, 64},
       {"hop bf16 d176/96 latent boolmask causal1", BF, 2, 4, 4, 200, 333, 176, 96, 1, 0.f, MB, 4, 0},
+      {"hop bf16 d192/128 latent boolpad classes gqa2", BF, 3, 4, 2, 130, 300, 192, 128, 0, 0.f, MB, 3, 0},
+      {"hop f16 d192/128 latent addmask causal1 kl32", H, 2, 4, 4, 200, 260, 192, 128, 1, 0.f, MA, 2, 32},
       // Q/K/V biases, added by the kernel (Q's into its tile, V's in the epilogue of every schedule,
       // K's left out) -- except softcap with K's bias, which reads biased copies (bias_fold.h):
       // BERT's padded shape, a persistent causal grid with key_lengths, key splits, the tail split,
