@@ -531,6 +531,25 @@ SPECS = {
         Spec("glm4", _hf("Glm4Config", "Glm4Model", num_key_value_heads=2, head_dim=8, pad_token_id=0, **_SMALL_DEC),
              2, "GLM-4 decoder, partial rotary, GQA 4 / 2"),
         Spec("apertus", _hf("ApertusConfig", "ApertusModel", num_key_value_heads=2, **_SMALL_DEC), 2, "Apertus decoder"),
+        # Session 43: a probe of 20 more current decoders (MoE routing, exporter failures and attention sinks
+        # left out: docs/results/rewrite_bench.md)
+        Spec("minicpm3", _hf("MiniCPM3Config", "MiniCPM3Model", num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                             qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, **_SMALL_DEC),
+             2, "MiniCPM3 decoder: latent attention with a low-rank Q, head sizes 12 (Q.K) and 8 (V)"),
+        Spec("internlm3", _hf("InternLM3Config", "LlamaModel", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "InternLM3 decoder, GQA 4 / 2"),
+        Spec("ministral3", _hf("Ministral3Config", "Ministral3Model", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "Ministral 3 decoder: YaRN rotary with Llama 4's position-dependent Q scaling, GQA 4 / 2"),
+        Spec("nanochat", _hf("NanoChatConfig", "NanoChatModel", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "nanochat decoder: unweighted Q / K norms, GQA 4 / 2"),
+        Spec("jais2", _hf("Jais2Config", "Jais2Model", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "Jais 2 decoder: biased projections, GQA 4 / 2"),
+        Spec("doge", _hf("DogeConfig", "DogeModel", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "Doge decoder: a dynamic additive mask computed from the values"),
+        Spec("hyperclovax", _hf("HyperCLOVAXConfig", "HyperCLOVAXModel", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "HyperCLOVA X decoder: a configured score multiplier instead of 1 / sqrt(D), GQA 4 / 2"),
+        Spec("cwm", _hf("CwmConfig", "CwmModel", num_key_value_heads=2, sliding_window=8, **_SMALL_DEC), 2,
+             "CWM decoder: a global and a sliding-window layer, GQA 4 / 2"),
     )
 }
 
