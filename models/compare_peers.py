@@ -56,7 +56,8 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "layoutlmv3": "bert", "modernbert_decoder": "gpt2", "olmo3": "gpt2", "eurobert": "bert",
                   "vaultgemma": "gpt2", "bitnet": "gpt2", "seed_oss": "gpt2", "hunyuan_dense": "gpt2", "arcee": "gpt2",
                   "glm4": "gpt2", "apertus": "gpt2", "minicpm3": "gpt2", "internlm3": "gpt2", "ministral3": "gpt2",
-                  "nanochat": "gpt2", "jais2": "gpt2", "doge": "gpt2", "hyperclovax": "gpt2", "cwm": "gpt2"}
+                  "nanochat": "gpt2", "jais2": "gpt2", "doge": "gpt2", "hyperclovax": "gpt2", "cwm": "gpt2",
+                  "ministral": "gpt2", "helium": "gpt2", "cohere2": "gpt2"}
 
 
 def _quiet():

@@ -43,6 +43,9 @@ class Spec:
     description: str
     attns: tuple[str, ...] = ATTN_MODES  # the attention implementations transformers offers for it
     other_softmaxes: int = 0  # Softmax nodes outside attention (ConvBERT's dynamic convolution kernels)
+    # The exporters whose exports of it run in ONNX Runtime (Helium's and Cohere 2's TorchScript exports
+    # export, but their Q / K / V views then ask for the wrong sizes at run time): the matrix's variants.
+    exporters: tuple[str, ...] = ("torchscript", "dynamo")
 
 
 def _wrap(model, input_names, output_getter):
@@ -550,6 +553,14 @@ SPECS = {
              "HyperCLOVA X decoder: a configured score multiplier instead of 1 / sqrt(D), GQA 4 / 2"),
         Spec("cwm", _hf("CwmConfig", "CwmModel", num_key_value_heads=2, sliding_window=8, **_SMALL_DEC), 2,
              "CWM decoder: a global and a sliding-window layer, GQA 4 / 2"),
+        Spec("ministral", _hf("MinistralConfig", "MinistralModel", num_key_value_heads=2, head_dim=8, sliding_window=8,
+                              **_SMALL_DEC), 2, "Ministral decoder: sliding window, GQA 4 / 2"),
+        # Dynamo only: Helium's and Cohere 2's TorchScript exports do not run in ONNX Runtime
+        Spec("helium", _hf("HeliumConfig", "HeliumModel", num_key_value_heads=2, head_dim=8, **_SMALL_DEC), 2,
+             "Helium decoder: interleaved rotary, GQA 4 / 2", exporters=("dynamo",)),
+        Spec("cohere2", _hf("Cohere2Config", "Cohere2Model", num_key_value_heads=2, head_dim=8, sliding_window=8,
+                            **_SMALL_DEC), 2, "Cohere 2 decoder: interleaved rotary, sliding window, GQA 4 / 2",
+             exporters=("dynamo",)),
     )
 }
 
@@ -599,7 +610,7 @@ def export_all(out_dir, models=None, attns=ATTN_MODES, exports=EXPORTS, quiet=Tr
     results = {}
     for model in models or SPECS:
         for attn in (a for a in attns if a in SPECS[model].attns):
-            for exporter, opset in exports:
+            for exporter, opset in (e for e in exports if e[0] in SPECS[model].exporters):
                 name = variant_name(model, attn, exporter, opset)
                 t0 = time.perf_counter()
                 try:
