@@ -605,12 +605,18 @@ def export(model: str, attn: str, exporter: str, opset: int, out_dir: str | os.P
     return path
 
 
+def exports_of(model: str, exports=EXPORTS):
+    """The (exporter, opset) pairs of `exports` whose exports of `model` belong to the matrix
+    (Spec.exporters)."""
+    return [(e, o) for e, o in exports if e in SPECS[model].exporters]
+
+
 def export_all(out_dir, models=None, attns=ATTN_MODES, exports=EXPORTS, quiet=True):
     """Export every requested variant; returns {variant name: path or the exception's text}."""
     results = {}
     for model in models or SPECS:
         for attn in (a for a in attns if a in SPECS[model].attns):
-            for exporter, opset in (e for e in exports if e[0] in SPECS[model].exporters):
+            for exporter, opset in exports_of(model, exports):
                 name = variant_name(model, attn, exporter, opset)
                 t0 = time.perf_counter()
                 try:

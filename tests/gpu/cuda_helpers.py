@@ -88,4 +88,3 @@ def padded_cache(k, v, lengths):
         k_cache[i, :, n:, :] = np.nan
         v_cache[i, :, n:, :] = np.nan
     return k_cache, v_cache
-

@@ -206,8 +206,8 @@ def test_key_lengths_ignore_nan_past_length(dtype, sq, d):
 
 def wide_head_inputs(rng, dtype, shape, mask_kind, lengths):
     """Q, K, V of shape (b, hq, hkv, sq, sk, d, dv); the K, V to run with (padded_cache: NaN past each
-    batch's key length where lengths are given); a (b, 1, sq, sk) bool mask
-    with a fully masked row, an (sq, sk) additive one, or None; the key lengths as int64 or None."""
+    batch's key length where lengths are given); a (b, 1, sq, sk) bool mask with a fully masked row,
+    an (sq, sk) additive one, or None; the key lengths as int64 or None."""
     b, hq, hkv, sq, sk, d, dv = shape
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
     mask = None

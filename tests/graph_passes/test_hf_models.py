@@ -48,9 +48,8 @@ VARIANTS = [
     (model, attn, exporter, opset)
     for model in export_models.SPECS
     for attn in export_models.SPECS[model].attns
-    for exporter, opset in export_models.EXPORTS
-    if exporter in export_models.SPECS[model].exporters
-    and (exporter == "torchscript" or ALL or (model, attn, opset) in DYNAMO_CI)
+    for exporter, opset in export_models.exports_of(model)
+    if exporter == "torchscript" or ALL or (model, attn, opset) in DYNAMO_CI
 ]
 
 

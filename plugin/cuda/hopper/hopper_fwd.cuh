@@ -126,7 +126,8 @@ enum Scoring : int { kScoreFast = 0, kScoreLimits = 1, kScoreMask = 2, kScoreNon
 template <int V>
 using ScoringV = std::integral_constant<int, V>;
 
-// kDv: V's and the output's column bucket (Config): kD but in latent attention's (256, 128).
+// kDv: V's and the output's column bucket (Config): kD but in latent attention's (192, 128) and
+// (256, 128).
 template <typename T, int kD, int kMode, int kDv = kD>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
@@ -219,7 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (or none) in that round, so they make the same cluster_sync() calls; a cluster without a tail
   // item makes none. r_tail is a kernel parameter (computing it here, n_work / G, kept a register
   // live through the consumers' key loop and spilled); rounds past it land beyond n_work.
-  // D = 256 never splits (launch_hopper): its round structure is fixed at compile time.
+  // Wide heads (D = 192, 256) never split (launch_hopper): their round structure is fixed at compile
+  // time.
   const int tail_from = kWideHead ? INT_MAX : tail_round;
   auto splits_in = [&](int r) { return r >= tail_from ? 2 : (kWideHead ? 1 : splits); };  // round r's item
   // Stream-K (a.sk_count != null; the plain kernel at D <= 128 only, so that the others carry none

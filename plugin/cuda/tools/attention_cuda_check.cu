@@ -739,8 +739,8 @@ int main(int argc, char** argv) {
       // grid with GQA, the general kernel's mask + softcap + key_lengths, key_lengths alone (a V tile's
       // tail zeroed), D and Dv off the buckets with a bool mask (odd Sk: general scoring), the pair
       // masks (a padding mask's tile classes; an additive (Sq, Sk) one, causal, key_lengths) -- and
-      // D > 192 in the (256, 128) one
-      // (a padding mask, Dv off the bucket); the Q bias case below takes (256, 128) too.
+      // D > 192 in the (256, 128) one (a padding mask, Dv off the bucket); the Q bias case below
+      // takes (256, 128) too.
       {"hop bf16 d192/128 latent persistent causal1 gqa2", BF, 2, 8, 4, 600, 600, 192, 128, 1, 0.f, N, 0, 0, 1},
       {"hop f16 d192/128 latent addmask softcap kl32", H, 2, 4, 4, 130, 300, 192, 128, 2, 30.f, MA, 2, 32},
       {"hop bf16 d256/64 latent boolpad gqa2", BF, 3, 4, 2, 97, 260, 256, 64, 0, 0.f, MB, 3, 0},
