@@ -6,6 +6,9 @@ poisoned with NaN first and compared with a float64 SDPA where that fits in memo
     python3 scripts/mla_probe.py --padding-mask   (a (B, 1, 1, S) bool mask hiding the last eighth of
                                                    the keys; opsfuse's pair-mask kernel against its
                                                    general scoring, OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0)
+    python3 scripts/mla_probe.py --shape 1,128,2048,192,128,1 --variant dyn0=OPSFUSE_CUDA_HOPPER_DYNAMIC=0
+        (only the shapes given, B,H,S,D,Dv,causal; each --variant NAME=SWITCHES adds an opsfuse row
+        under those launcher switches, comma-separated NAME=VALUE, timed in the same rounds)
 """
 import sys
 import time
@@ -68,7 +71,7 @@ def variant_call(t, causal, switches, mask=None):
         return oc.fused_attention(*t, mask, is_causal=causal)
 
 
-def opsfuse_variants(sets, d, dv, causal, mask):
+def opsfuse_variants(sets, d, dv, causal, mask, extra=()):
     """{name: calls}: the default launch, and the alternatives it replaced -- without a mask the
     (256, 128) kernel (OPSFUSE_CUDA_HOPPER_D192=0) and V padded to 256 (_DV_BUCKET=0), with one the
     general scoring (_MASK_PAIRS=0)."""
@@ -78,17 +81,35 @@ def opsfuse_variants(sets, d, dv, causal, mask):
     elif dv < d:
         alternatives["opsfuse (256,128)"] = "OPSFUSE_CUDA_HOPPER_D192=0"
         alternatives["opsfuse V padded"] = "OPSFUSE_CUDA_HOPPER_DV_BUCKET=0"
+    alternatives.update(extra)
     named = {"opsfuse": [lambda t=t: oc.fused_attention(*t, mask, is_causal=causal) for t in sets]}
     for name, switches in alternatives.items():
         named[name] = [lambda t=t, sw=switches: variant_call(t, causal, sw, mask) for t in sets]
     return named
 
 
+def parse_args(argv):
+    """(masked, shapes or None, {variant name: switches}) from the command line (module docstring)."""
+    masked, shapes, extra = False, [], {}
+    it = iter(argv)
+    for arg in it:
+        if arg == "--padding-mask":
+            masked = True
+        elif arg == "--shape":
+            shapes.append(tuple(int(x) for x in next(it).split(",")))
+        elif arg == "--variant":
+            name, switches = next(it).split("=", 1)
+            extra[f"opsfuse {name}"] = switches
+        else:
+            raise SystemExit(f"unknown argument {arg!r}; see the module docstring")
+    return masked, shapes or None, extra
+
+
 def main():
-    masked = "--padding-mask" in sys.argv[1:]
+    masked, shapes, extra = parse_args(sys.argv[1:])
     print(torch.cuda.get_device_name(0), torch.__version__, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
           "padding mask" if masked else "", flush=True)
-    for b, h, s, d, dv, causal in MASKED_SHAPES if masked else SHAPES:
+    for b, h, s, d, dv, causal in shapes or (MASKED_SHAPES if masked else SHAPES):
         sets = input_sets(b, h, s, d, dv)
         mask = padding_mask(b, s) if masked else None
         q, k, v = sets[0]
@@ -100,7 +121,7 @@ def main():
             ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=ref_mask,
                                                  is_causal=ref_causal)
             err = (out.double() - ref).abs().max().item()
-        named = opsfuse_variants(sets, d, dv, causal, mask)
+        named = opsfuse_variants(sets, d, dv, causal, mask, extra)
         named.update(sdpa_calls(sets, causal, mask))
         times = time_kernels_interleaved(torch, named, repeat=9)
         flops = 2 * b * h * s * s * (d + dv) * (0.5 if causal else 1.0)

@@ -795,8 +795,8 @@ int main(int argc, char** argv) {
   // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
   // warpgroup-split and two chaining cases, three bias cases (key splits, the tail split, softcap's
   // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq), latent attention's
-  // (192, 128) kernel (a mask, softcap, a V tile's tail zeroed) and D = 256 (one Q buffer); the other
-  // persistent-grid cases are too large for racecheck's pace.
+  // (192, 128) kernel (a mask, softcap, a V tile's tail zeroed; its two pair-mask kernels) and D = 256
+  // (one Q buffer); the other persistent-grid cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
@@ -807,7 +807,8 @@ int main(int argc, char** argv) {
                                 "hop f16 d64 seq seed 12x128",
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
                                 "hop bf16 d40 wide Sq97 gqa3 512", "hop f16 d192/128 latent addmask softcap kl32",
-                                "hop f16 d256 plain 200x300"};
+                                "hop bf16 d192/128 latent boolpad classes gqa2",
+                                "hop f16 d192/128 latent addmask causal1 kl32", "hop f16 d256 plain 200x300"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
