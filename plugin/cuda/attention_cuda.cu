@@ -539,11 +539,10 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
     // Latent attention (DeepSeek-V3: D = 192, Dv = 128): V, O and the P V product at 128 columns
     // rather than padded to 256 (hopper_{f16,bf16}_d256v128.cu: a quarter less tensor work per tile,
     // 64 accumulators per thread instead of 128), and with D <= 192 Q / K over 192 columns on 128-key
-    // tiles (d192v128.cu; not with a Q bias, whose per-thread walk of Q's rows needs 64 or 128
-    // columns). docs/notes/cuda_kernel.md, session 43.
+    // tiles (d192v128.cu). docs/notes/cuda_kernel.md, session 43.
     if (plan.bucket == 256 && p.head_dim_v <= 128 && !sw.is(Switch::kHopperDvBucket, '0')) {
       plan.bucket_v = 128;
-      if (p.head_dim <= 192 && p.q_bias == nullptr && !sw.is(Switch::kHopperD192, '0')) plan.bucket = 192;
+      if (p.head_dim <= 192 && !sw.is(Switch::kHopperD192, '0')) plan.bucket = 192;
     }
     plan.block_m = 128;
     plan.block_n = plan.bucket == 256 ? 64 : 128;

@@ -56,6 +56,14 @@ constexpr bool kEarlyQ = OPSFUSE_HOPPER_EARLY_Q != 0;
 #define OPSFUSE_HOPPER_UNIFORM_BASE 1
 #endif
 
+// The next item decided a round ahead also with one Q buffer at D = 192 (two item slots,
+// hopper_fwd.cuh), so that its first K / V tile loads before the current item releases Q and only
+// Q's own load waits for that release (session 44). The macro (compile time, A/B builds): 0 gives
+// one slot per Q buffer there, as before.
+#ifndef OPSFUSE_HOPPER_SLOT_AHEAD
+#define OPSFUSE_HOPPER_SLOT_AHEAD 1
+#endif
+
 constexpr int kBM = 128;          // query rows per block (2 consumer warpgroups x 64)
 constexpr int kBN = 128;          // keys per tile at D <= 128 (Config<kD>::kBN: 64 at D = 256)
 constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups

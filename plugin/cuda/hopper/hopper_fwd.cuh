@@ -162,10 +162,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   extern __shared__ uint8_t smem_raw[];
   constexpr int kQBuffers = Cfg::kQBuffers;
-  __shared__ __align__(8) uint64_t bars[3 * kQBuffers + 4 * kStages];
-  __shared__ int item_slot[kQBuffers];  // round r's item (slot r % kQBuffers), from the scheduler thread
-  __shared__ int sk_flag;               // stream-K: what consumer thread 0 read of an item's arrival count
-  __shared__ int2 sk_slot[kQBuffers];   // stream-K: round r's key tiles (sk_range), beside item_slot
+  // The scheduler's item slots: two, also with one Q buffer at D = 192 (latent attention), so that the
+  // next item is decided a round ahead and its first K / V tile loads before this item releases Q
+  // (H100, session 44: causal B=1 H=128 S=2048 -6 %, at +3 % for causal B=4 H=16 S=4096, whose
+  // items are twice as long; every latent shape measured is then ahead of cuDNN, S=2048 was not
+  // before). D = 256's kernels keep one slot: the same change measured causal B=2 H=16 S=4096 +5 %
+  // there (not analysed; likely the dynamic order's tickets, drawn an item earlier, unbalancing the
+  // last rounds of its long items). A slot is free again once its round has released Q
+  // (bar_qempty) -- with one Q buffer through a barrier of its own per slot (bar_slot_free), which
+  // the work thread arrives on after that release: the scheduler waits two rounds back there, which
+  // one Q-release barrier's parity cannot tell apart from the round after it. The consumers' slots
+  // (the Work, and with one Q buffer the item, in item_slot[kSlots]) stay one per Q buffer: the work
+  // thread fills them once the buffer is free.
+  constexpr int kSlots = OPSFUSE_HOPPER_SLOT_AHEAD != 0 && kD == 192 ? 2 : kQBuffers;
+  constexpr bool kSlotBars = kQBuffers < kSlots;
+  __shared__ __align__(8) uint64_t bars[2 * kQBuffers + (kSlotBars ? 2 : 1) * kSlots + 4 * kStages];
+  // Round r's item (slot r % kSlots), from the scheduler thread; with kSlotBars the consumers' copy last.
+  __shared__ int item_slot[kSlots + (kSlotBars ? 1 : 0)];
+  __shared__ int sk_flag;            // stream-K: what consumer thread 0 read of an item's arrival count
+  __shared__ int2 sk_slot[kSlots];   // stream-K: round r's key tiles (sk_range), beside item_slot
   __shared__ int4 work_slot[kQBuffers][2];  // round r's Work for the consumers (publish_work)
   // The wide heads' (D = 192, 256) general kernels: the base through a shuffle, which ptxas takes as
   // warp-uniform and cannot recompute. Without it, ptxas rebuilt the base in vector registers inside
@@ -186,10 +201,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // barrier's phase parity, and that of the release the producer waits for before reusing it.
   auto bar_q = [&](int r) { return smem_u32(&bars[4 * kStages + r % kQBuffers]); };
   auto bar_qempty = [&](int r) { return smem_u32(&bars[4 * kStages + kQBuffers + r % kQBuffers]); };
-  // Round r's item is in item_slot[r % kQBuffers] once this barrier's phase of that round
-  // completes (the scheduler thread's arrive, see the producer).
-  auto bar_sched = [&](int r) { return smem_u32(&bars[4 * kStages + 2 * kQBuffers + r % kQBuffers]); };
+  // Round r's item is in item_slot[r % kSlots] once this barrier's phase of that round completes
+  // (the scheduler thread's arrive, see the producer).
+  auto bar_sched = [&](int r) { return smem_u32(&bars[4 * kStages + 2 * kQBuffers + r % kSlots]); };
   auto q_parity = [&](int r) { return static_cast<uint32_t>((r / kQBuffers) & 1); };
+  auto slot_parity = [&](int r) { return static_cast<uint32_t>((r / kSlots) & 1); };
+  // The release of round r's slot: its Q buffer's (two buffers), or its own barrier (kSlotBars).
+  auto bar_slot_free = [&](int r) {
+    return kSlotBars ? smem_u32(&bars[4 * kStages + 2 * kQBuffers + kSlots + r % kSlots]) : bar_qempty(r);
+  };
 
   // Work item w (a row tile) -> (batch, query head, row tile); row tiles of one head are adjacent
   // (K/V reuse in L2), heaviest (causal) first. n_work items in all: one per block unless the
@@ -259,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Dynamic order (a.tile_counter != null: choose_plan's plan.sched_heads, a persistent grid, never
   // split): a block's first item is ticket blockIdx.x, each later one ticket gridDim.x + the
   // counter's old value (launch_hopper zeroed it), drawn ahead by the producer's scheduler thread.
-  // In either order that thread publishes round r's item in item_slot[r % kQBuffers] and arrives on
+  // In either order that thread publishes round r's item in item_slot[r % kSlots] and arrives on
   // bar_sched(r) (a release); the loading thread reads it after its wait there (an acquire). The
   // static order's consumers compute item_of() themselves; the dynamic order's read the slot after
   // their wait on round r's Q barrier, which the loading thread arrives on after its read (n_work:
@@ -318,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto scheduled_work = [&](int r, int w) {
     Work wk = work_of(w, splits_in(r));
     if (stream_k()) {
-      const volatile int2& tr = sk_slot[r % kQBuffers];
+      const volatile int2& tr = sk_slot[r % kSlots];
       wk.t_begin = tr.x;
       wk.t_end = tr.y;
     }
@@ -376,10 +396,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensormap(&tm_k);
     prefetch_tensormap(&tm_v);
     if (Cfg::kOStage && tma_store) prefetch_tensormap(&tm_y);
-    for (int b = 0; b < kQBuffers; ++b) {
-      mbar_init(bar_q(b), 2);  // load_q()'s arrive (with Q's bytes) and the work thread's
+    for (int b = 0; b < kSlots; ++b) {  // kSlots >= kQBuffers
+      if (b < kQBuffers) mbar_init(bar_q(b), 2);  // load_q()'s arrive (with Q's bytes) and the work thread's
       mbar_init(bar_sched(b), 1);
-      mbar_init(bar_qempty(b), kConsumerWarps);
+      if (b < kQBuffers) mbar_init(bar_qempty(b), kConsumerWarps);
+      if (kSlotBars) mbar_init(bar_slot_free(b), 1);  // the work thread's
     }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_kfull(s), 1);
@@ -403,19 +424,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     // Two threads: a scheduler that decides each round's item and one that issues the loads. The
     // scheduler (warp 1) publishes round r's item, in the static order (item_of) or the dynamic
-    // one (a ticket drawn from the counter), once round r - kQBuffers has released its Q buffer
-    // (the consumers have read that round's slot by then): a round or more ahead of the loads,
-    // which hides the atomic's latency. The item arithmetic has its own registers this way; in the
-    // loading thread's 24 it spilled.
+    // one (a ticket drawn from the counter), once round r - kSlots has released its slot (the
+    // loading and work threads have read it by then): a round or more ahead of the loads, which
+    // hides the atomic's latency. The item arithmetic has its own registers this way; in the loading
+    // thread's 24 it spilled.
     if (tid == 32) {
       for (int round = 0;; ++round) {
-        if (round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
+        if (round >= kSlots) mbar_wait(bar_slot_free(round), slot_parity(round - kSlots));
         int w = item_of(round);
         if (dynamic_order())
           w = ticket_item(round == 0 ? static_cast<int>(blockIdx.x)
                                      : static_cast<int>(gridDim.x) + atomicAdd(a.tile_counter, 1));
-        item_slot[round % kQBuffers] = w;
-        if (stream_k() && w < n_work) sk_slot[round % kQBuffers] = sk_range(w);
+        item_slot[round % kSlots] = w;
+        if (stream_k() && w < n_work) sk_slot[round % kSlots] = sk_range(w);
         mbar_arrive(bar_sched(round));
         if (w >= n_work) break;
       }
@@ -429,11 +450,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     // read without that arrive raced with the slot's reuse, and a wait one phase late would hang).
     // kEarlyQ: from round 1 on this thread also loads the round's Q (its arrive with Q's bytes
     // stands for the loading thread's), right after the Work is out: the scheduler published the
-    // round only once the buffer's previous round released it.
+    // round only once the buffer's previous round released it. With one Q buffer (kSlotBars) the
+    // scheduler is a round further ahead: this thread waits for the previous round's release of Q
+    // (the consumers have read their slots, and that round's Q phase is complete) before it fills
+    // the consumers' slots and arrives, then frees that round's scheduler slot.
     if (tid == 64) {
       for (int round = 0;; ++round) {
-        mbar_wait(bar_sched(round), q_parity(round));
-        const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
+        mbar_wait(bar_sched(round), slot_parity(round));
+        const int w = *reinterpret_cast<volatile int*>(&item_slot[round % kSlots]);
+        if constexpr (kSlotBars) {
+          if (round > 0) {
+            mbar_wait(bar_qempty(round), q_parity(round - 1));
+            mbar_arrive(bar_slot_free(round - 1));
+          }
+          item_slot[kSlots] = w;
+        }
         if (round > 0 && w < n_work) {
           const Work wk = publish_work(round, w);
           if constexpr (kEarlyQHere) load_q(round, wk);
@@ -448,31 +479,36 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int round = 0;; ++round) {
         // (The static order's first item without the wait: on a one-round grid, e.g. the seed
         // shapes, that wait was on the launch's critical path. Not with stream-K: its item
-        // arithmetic here, beside the loads' registers, spilled. Not with one Q buffer (D > 128):
-        // round 1's wait is then on the same barrier as round 0's, for its second phase, and a
+        // arithmetic here, beside the loads' registers, spilled. It needs two item slots: with one,
+        // round 1's wait would be on the same barrier as round 0's, for its second phase, and a
         // parity wait for a phase whose predecessor has not completed passes at once -- this
         // thread, done with a short item's loads before the scheduler's first arrive, read round
-        // 1's slot before it was written; racecheck found it, session 43. With two buffers round 1
-        // waits on the other barrier's first phase, which the scheduler completes after round 0's.)
+        // 1's slot before it was written; racecheck found that with one slot, session 43. With two
+        // round 1 waits on the other barrier's first phase, which the scheduler completes after
+        // round 0's.)
         int w;
-        if (round == 0 && kQBuffers > 1 && !dynamic_order() && !stream_k()) {
+        if (round == 0 && kSlots > 1 && !dynamic_order() && !stream_k()) {
           w = item_of(0);
         } else {
-          mbar_wait(bar_sched(round), q_parity(round));
-          w = *reinterpret_cast<volatile int*>(&item_slot[round % kQBuffers]);
+          mbar_wait(bar_sched(round), slot_parity(round));
+          w = *reinterpret_cast<volatile int*>(&item_slot[round % kSlots]);
         }
         const bool loads_q = !kEarlyQHere || round == 0;  // kEarlyQ: the work thread loads later rounds' Q
+        // The Q buffer's previous item (round - kQBuffers) released it after its last S = Q K^T.
+        auto wait_q_free = [&] {
+          if (loads_q && round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
+        };
         if (w >= n_work) {
           // No more items: the consumers read n_work after this round's Q barrier (round 0 of the
-          // static order computes it, and nobody waits on that phase).
+          // static order computes it, and nobody waits on that phase); with one Q buffer, once the
+          // previous round's phase is complete.
+          if (kSlotBars) wait_q_free();
           if (loads_q) mbar_arrive(bar_q(round));
           break;
         }
-        // The Q buffer's previous item (round - kQBuffers) released it after its last S = Q K^T.
-        if (loads_q && round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
+        if constexpr (!kSlotBars) wait_q_free();
         const Work wk = scheduled_work(round, w);
-        if (loads_q) load_q(round, wk);
-        for (int it = wk.t_begin; it < wk.t_end; ++it, ++kv) {
+        auto load_kv = [&](int it) {
           const int s = kv % kStages;
           const uint32_t empty_parity = ((kv / kStages) & 1) ^ 1;  // first use of a stage passes at once
           mbar_wait(bar_kempty(s), empty_parity);
@@ -485,7 +521,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int c = 0; c < kVRegions; ++c)
             tma_load_4d(sV + s * Cfg::kVBytes + c * kBN * 128, &tm_v, bar_vfull(s), c * 64, it * kBN, wk.hk, wk.b);
-        }
+        };
+        int it = wk.t_begin;
+        // With one Q buffer (kSlotBars), a later round's first K / V tile goes out before the wait
+        // for Q's release: the item is known a round ahead, and only its Q waits for the previous
+        // item's last S.
+        if (kSlotBars && round > 0 && it < wk.t_end) load_kv(it++), ++kv;
+        if constexpr (kSlotBars) wait_q_free();
+        if (loads_q) load_q(round, wk);
+        for (; it < wk.t_end; ++it, ++kv) load_kv(it);
       }
     }
     // The split merge's two cluster barriers count every thread of the cluster: a key-split
@@ -565,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (r == 0 && !dynamic_order()) return item_of(0);
     mbar_wait(bar_q(r), q_parity(r));
     int w = 0;
-    if ((threadIdx.x & 31u) == 0) w = *reinterpret_cast<volatile int*>(&item_slot[r % kQBuffers]);
+    if ((threadIdx.x & 31u) == 0) w = *reinterpret_cast<volatile int*>(&item_slot[kSlotBars ? kSlots : r % kSlots]);
     return lane0_broadcast(w);  // see published_work
   };
   for (int w = consumer_item(0); w < n_work; w = consumer_item(++round)) {
@@ -1166,7 +1210,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       vb_loaded = true;
     };
+    // The Q bias is added in 16-byte chunks of Q's rows (kRowChunks a row), each thread keeping the
+    // bias of one column group (qb_col): the threads that walk the rows are a multiple of the row's
+    // chunks, so that a thread's chunk stays in its column group from row to row -- all 128 at
+    // D = 64, 128 and 256, 120 at D = 192 (24 chunks a row).
     constexpr int kRowChunks = kRegions * 8;
+    constexpr int kBiasWalkers = 128 / kRowChunks * kRowChunks;
     const int qb_col = ((t % kRowChunks) / 8) * 64 + (t % 8) * 8;
     uint32_t qb_pair[4];
     if (add_q_bias) {
@@ -1182,8 +1231,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     OPSFUSE_HOPPER_STAMP(1);  // Q is in
     __syncwarp();
     if (add_q_bias) {
+      const int c0 = kBiasWalkers == 128 || t < kBiasWalkers ? t : 64 * kRowChunks;
 #pragma unroll 1
-      for (int c = t; c < 64 * kRowChunks; c += 128) {
+      for (int c = c0; c < 64 * kRowChunks; c += kBiasWalkers) {
         const int r = c / kRowChunks, lc = c % kRowChunks;
         const uint32_t addr = q_off + (lc / 8) * (kBM * 128) + r * 128 + (((lc % 8) ^ (r % 8)) << 4);
         uint32_t x[4];

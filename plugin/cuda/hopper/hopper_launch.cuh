@@ -36,9 +36,6 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   using WideCfg = hopper::ModeConfig<kD, hopper::kPlainSeqWide>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if (a.head_dim > kD || a.head_dim_v > kDv) return cudaErrorInvalidValue;  // a plan for another bucket
-  // The kernel adds a Q bias by walking Q's rows in 16-byte chunks whose column group each thread
-  // keeps (hopper_fwd.cuh): rows of 64 or 128 columns only (choose_plan keeps D = 192 off it).
-  if (kD == 192 && a.q_bias != nullptr) return cudaErrorInvalidValue;
   CUtensorMap tq, tk, tv, ty;  // K and V's once the mode (their tiles' keys) is known
   if (!hopper_encode_map(&tq, a.q, kBf16, a.head_dim, a.seq_q, a.heads_q, a.batch, a.q_stride, hopper::kBM))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel

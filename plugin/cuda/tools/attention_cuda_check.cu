@@ -734,13 +734,18 @@ int main(int argc, char** argv) {
       {"hop bf16 d200/256 persistent addpad gqa3", BF, 3, 9, 3, 520, 400, 200, 256, 0, 0.f, MA, 3, 0},
       {"hop f16 d256 persistent causal1 kl64", H, 2, 8, 4, 600, 600, 256, 256, 1, 0.f, N, 0, 64, 1},
       {"hop bf16 d256 split2 tail ignored", BF, 1, 12, 12, 300, 700, 256, 256, 0, 0.f, N, 0, 0, 0, 2, 1},
+      // One Q buffer with the next item known a round ahead (session 44): small persistent grids
+      // (140 one-tile items, forced) for racecheck, in the static order and (key_lengths) the
+      // dynamic one, the latter with the (192, 128) kernel.
+      {"hop f16 d256 persistent quick 140x64", H, 2, 70, 14, 64, 130, 256, 256, 0, 0.f, N, 0, 0, 1},
+      {"hop bf16 d192/128 latent persistent quick 140x64 kl32", BF, 2, 70, 14, 64, 130, 192, 128, 0, 0.f, N, 0, 32, 1},
       // Latent attention, 128 < D <= 256 with Dv <= 128 (V, O and P V at 128 columns): D <= 192 in the
       // (192, 128) instantiation on 128-key tiles -- DeepSeek-V3's 192 / 128 causal on a persistent
       // grid with GQA, the general kernel's mask + softcap + key_lengths, key_lengths alone (a V tile's
       // tail zeroed), D and Dv off the buckets with a bool mask (odd Sk: general scoring), the pair
       // masks (a padding mask's tile classes; an additive (Sq, Sk) one, causal, key_lengths) -- and
-      // D > 192 in the (256, 128) one (a padding mask, Dv off the bucket); the Q bias case below
-      // takes (256, 128) too.
+      // D > 192 in the (256, 128) one (a padding mask, Dv off the bucket). The Q bias cases below
+      // take (192, 128) too (its walk of Q's rows: 120 threads over 24 chunks a row).
       {"hop bf16 d192/128 latent persistent causal1 gqa2", BF, 2, 8, 4, 600, 600, 192, 128, 1, 0.f, N, 0, 0, 1},
       {"hop f16 d192/128 latent addmask softcap kl32", H, 2, 4, 4, 130, 300, 192, 128, 2, 30.f, MA, 2, 32},
       {"hop bf16 d256/64 latent boolpad gqa2", BF, 3, 4, 2, 97, 260, 256, 64, 0, 0.f, MB, 3, 0},
@@ -761,6 +766,8 @@ int main(int argc, char** argv) {
       {"hop f16 d64 bias streamk short items", H, 3, 5, 5, 1100, 300, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 1, 1},
       {"hop bf16 d256/200 bias causal2 gqa2", BF, 2, 4, 2, 130, 260, 256, 200, 2, 0.f, MB, 4, 32, 0, 0, 0, 0, 1},
       {"hop f16 d192/128 latent bias causal1", H, 2, 4, 2, 130, 260, 192, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d176/128 latent bias boolpad persistent 140x64", BF, 2, 70, 14, 64, 130, 176, 128, 0, 0.f, MB, 3, 0, 1,
+       0, 0, 0, 1},
   };
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -795,8 +802,9 @@ int main(int argc, char** argv) {
   // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
   // warpgroup-split and two chaining cases, three bias cases (key splits, the tail split, softcap's
   // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq), latent attention's
-  // (192, 128) kernel (a mask, softcap, a V tile's tail zeroed; its two pair-mask kernels) and D = 256
-  // (one Q buffer); the other persistent-grid cases are too large for racecheck's pace.
+  // (192, 128) kernel (a mask, softcap, a V tile's tail zeroed; its two pair-mask kernels; a Q bias),
+  // D = 256 (one Q buffer) and small persistent grids of both (the next item a round ahead); the
+  // other persistent-grid cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
@@ -808,7 +816,10 @@ int main(int argc, char** argv) {
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
                                 "hop bf16 d40 wide Sq97 gqa3 512", "hop f16 d192/128 latent addmask softcap kl32",
                                 "hop bf16 d192/128 latent boolpad classes gqa2",
-                                "hop f16 d192/128 latent addmask causal1 kl32", "hop f16 d256 plain 200x300"};
+                                "hop f16 d192/128 latent addmask causal1 kl32", "hop f16 d192/128 latent bias causal1",
+                                "hop f16 d256 plain 200x300", "hop f16 d256 persistent quick 140x64",
+                                "hop bf16 d192/128 latent persistent quick 140x64 kl32",
+                                "hop bf16 d176/128 latent bias boolpad persistent 140x64"};
   uint32_t hseed = 777u;
   for (const Case& c : hopper_cases) {
     ++hseed;
