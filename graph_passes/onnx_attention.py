@@ -109,6 +109,9 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         kv_heads = n.attributes.get_int("kv_num_heads", 0)
         if q_heads <= 0 or kv_heads <= 0:
             raise Reject("3-D Attention without q_num_heads/kv_num_heads")
+    for name, d in _head_sizes(shapes, q, v, q_heads, kv_heads):
+        if isinstance(d, int) and not 1 <= d <= contract.MAX_HEAD_DIM:
+            raise Reject(f"head size {name}={d} is outside FusedAttention's 1..{contract.MAX_HEAD_DIM}")
     if mask is not None:
         mt = dtype_of(mask, shapes)
         if mt not in (ir.DataType.BOOL, t):
@@ -130,6 +133,17 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
     mask_kind = "" if mask is None else ("bool" if dtype_of(mask, shapes) == ir.DataType.BOOL else "additive")
     return Plan(three_d, q_heads, kv_heads, mask, nonpad, scale, 1 if is_causal else 0, softcap, mask_kind,
                 pad_mask, mask_rank, dtype_of(mask, shapes) if mask is not None else None)
+
+
+def _head_sizes(shapes: dict, q: ir.Value, v: ir.Value, q_heads: int | None, kv_heads: int | None):
+    """(("D", D), ("Dv", Dv)) as far as the shapes give them: the last axis of 4-D Q / V, the hidden
+    width over the head count in the 3-D form; None where not known."""
+    def size(x, heads):
+        last = shapes[x.name][-1]
+        if heads is None:
+            return last
+        return last // heads if isinstance(last, int) and last % heads == 0 else None
+    return (("D", size(q, q_heads)), ("Dv", size(v, kv_heads)))
 
 
 def _pad_mask(new_nodes, mask: ir.Value, k: ir.Value, seq_axis: int, plan: Plan, name: str) -> ir.Value:

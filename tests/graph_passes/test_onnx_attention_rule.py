@@ -78,6 +78,8 @@ def test_mask_of_unproven_length_is_padded_as_onnx_does(mask_len):
     ({"softcap": 5.0, "mask": "bool"}, "softcap and a mask"),
     ({"softcap": 5.0, "is_causal": 1}, "softcap and a mask"),
     ({"opset": 24, "nonpad": True, "is_causal": 1}, "per batch"),
+    ({"D": 512}, "head size D=512 is outside FusedAttention's 1..256"),
+    ({"D": 320, "three_d": True, "Hkv": 2}, "head size D=320 is outside"),
 ])
 def test_left_alone_with_reason(kw, reason):
     model = onnx_attention_model(**kw)
