@@ -632,8 +632,8 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         if rv is None:
             raise Reject(f"cannot prove the rank of {name} ({value.name}): its shape is unknown")
         if rv not in (3, 4) or rv != r:
-            raise Reject(f"{name} has rank {rv}; FusedAttention needs rank-4 (B, H, S, D) tensors "
-                         "(or all rank 3, the batched-matmul form)")
+            raise Reject(f"{name} has rank {rv} and Q rank {r}; FusedAttention needs Q, K^T, V and the scores "
+                         "all rank 4 (B, H, S, D) or all rank 3 (the batched-matmul form)")
     view_dims = _head_view(m, shapes, opset) if m.view is not None or m.unview is not None else None
     if view_dims is not None and r != 3:
         raise Reject("the scores are reshaped around the Softmax, but Q is not a batched-matmul (N, S, D) tensor")
