@@ -57,7 +57,10 @@ ORT_MODEL_TYPE = {"bert": "bert", "gpt2": "gpt2", "t5": "t5", "vit": "vit", "lla
                   "vaultgemma": "gpt2", "bitnet": "gpt2", "seed_oss": "gpt2", "hunyuan_dense": "gpt2", "arcee": "gpt2",
                   "glm4": "gpt2", "apertus": "gpt2", "minicpm3": "gpt2", "internlm3": "gpt2", "ministral3": "gpt2",
                   "nanochat": "gpt2", "jais2": "gpt2", "doge": "gpt2", "hyperclovax": "gpt2", "cwm": "gpt2",
-                  "ministral": "gpt2", "helium": "gpt2", "cohere2": "gpt2"}
+                  "ministral": "gpt2", "helium": "gpt2", "cohere2": "gpt2", "gte": "bert", "nomic_bert": "bert",
+                  "jina_embeddings_v3": "bert", "deberta": "bert", "esmc": "bert", "ultrabert": "bert",
+                  "ernie4_5": "gpt2", "exaone": "gpt2", "iquestcoder": "gpt2", "dory": "gpt2", "beam": "gpt2",
+                  "gemma4_text": "gpt2", "apertus1p5_text": "gpt2"}
 
 
 def _quiet():

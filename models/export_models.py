@@ -561,6 +561,40 @@ SPECS = {
         Spec("cohere2", _hf("Cohere2Config", "Cohere2Model", num_key_value_heads=2, head_dim=8, sliding_window=8,
                             **_SMALL_DEC), 2, "Cohere 2 decoder: interleaved rotary, sliding window, GQA 4 / 2",
              exporters=("dynamo",)),
+        # Session 44: embedding encoders, and decoders new in transformers 5
+        Spec("gte", _hf("GteConfig", "GteModel", model_kwargs=_NO_POOLER, max_position_embeddings=70, **_SMALL_ENC),
+             2, "GTE embedding encoder: rotary positions, padding mask"),
+        Spec("nomic_bert", _hf("NomicBertConfig", "NomicBertModel", model_kwargs=_NO_POOLER,
+                               max_position_embeddings=70, **_SMALL_ENC),
+             2, "Nomic BERT embedding encoder: rotary positions, fused QKV, padding mask"),
+        Spec("jina_embeddings_v3", _hf("JinaEmbeddingsV3Config", "JinaEmbeddingsV3Model", model_kwargs=_NO_POOLER,
+                                       max_position_embeddings=70, **_SMALL_ENC),
+             2, "Jina Embeddings v3 encoder: rotary positions, padding mask"),
+        Spec("deberta", _hf("DebertaConfig", "DebertaModel", max_position_embeddings=64, **_SMALL_ENC),
+             2, "DeBERTa (v1) encoder, padding mask", attns=("eager",)),
+        Spec("esmc", _hf("EsmcConfig", "EsmcModel", max_position_embeddings=70, **_SMALL_ENC),
+             2, "ESM C protein encoder: Q / K layer norms, rotary positions"),
+        Spec("ultrabert", _hf("UltrabertConfig", "UltrabertModel", max_position_embeddings=70, **_SMALL_ENC),
+             2, "UltraBERT encoder, padding mask"),
+        Spec("exaone", _hf("ExaoneConfig", "LlamaModel", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "EXAONE decoder, GQA 4 / 2"),
+        Spec("iquestcoder", _hf("IQuestCoderConfig", "LlamaModel", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "IQuest-Coder decoder, GQA 4 / 2"),
+        Spec("dory", _hf("DoryConfig", "DoryModel", num_key_value_heads=2, **_SMALL_DEC), 4,
+             "Dory decoder: its layers looped (recurrent depth), each attention run twice, GQA 4 / 2"),
+        Spec("beam", _hf("BeamConfig", "BeamModel", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "Beam decoder, GQA 4 / 2"),
+        # Gemma 4's full-attention layers have their own head size, 512 by default: beyond FusedAttention's
+        # 256, so the rewrite leaves them alone; the matrix gives them 8 to check their pattern.
+        Spec("gemma4_text", _hf("Gemma4TextConfig", "Gemma4TextModel", num_key_value_heads=2, head_dim=8,
+                                global_head_dim=8, sliding_window=8, **_SMALL_DEC), 2,
+             "Gemma 4 decoder: a sliding-window and a full-attention layer, Q / K norms, GQA 4 / 2"),
+        # Dynamo only: ERNIE 4.5's TorchScript export does not run in ONNX Runtime (a Reshape fails, and its
+        # Q has no shape the rewrite can prove); Apertus 1.5's fails in the exporter (aten::expm1)
+        Spec("ernie4_5", _hf("Ernie4_5Config", "Ernie4_5Model", num_key_value_heads=2, **_SMALL_DEC), 2,
+             "ERNIE 4.5 decoder, GQA 4 / 2", exporters=("dynamo",)),
+        Spec("apertus1p5_text", _hf("Apertus1p5TextConfig", "Apertus1p5TextModel", num_key_value_heads=2,
+                                    **_SMALL_DEC), 2, "Apertus 1.5 decoder, GQA 4 / 2", exporters=("dynamo",)),
     )
 }
 

@@ -32,11 +32,13 @@ from opsfuse.graph_passes.verify import ORIGINAL_FAILS, verify  # noqa: E402
 # GLM and PVT v2 (whose TorchScript exports fail: their only variants are dynamo's), X-MOD's SDPA
 # (K^T through views whose target is sliced from K's shape), SEW's SDPA (its keys dim after the
 # squeeze's strided pooling, known only through the views); GLM-4 and Apertus, whose TorchScript
-# exports fail, and Helium and Cohere 2, whose TorchScript exports do not run.
+# exports fail, and Helium and Cohere 2, whose TorchScript exports do not run; ERNIE 4.5 and Apertus 1.5
+# likewise.
 DYNAMO_CI = {("bert", "sdpa", 23), ("gpt2", "sdpa", 23), ("llama_gqa", "eager", 18), ("t5", "sdpa", 18),
              ("gemma2", "eager", 18), ("deberta_v3", "eager", 18), ("xglm", "eager", 18), ("glm", "eager", 18),
              ("pvt_v2", "eager", 18), ("xmod", "sdpa", 18), ("sew", "sdpa", 18),
-             ("glm4", "eager", 18), ("apertus", "eager", 18), ("helium", "eager", 18), ("cohere2", "sdpa", 18)}
+             ("glm4", "eager", 18), ("apertus", "eager", 18), ("helium", "eager", 18), ("cohere2", "sdpa", 18),
+             ("ernie4_5", "eager", 18), ("apertus1p5_text", "eager", 18)}
 ALL = os.environ.get("OPSFUSE_ALL_EXPORTS") == "1"
 
 # Input shapes for --verify style runs where the default (batch 2, dims 16) does not fit the model.
