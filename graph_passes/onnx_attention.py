@@ -26,7 +26,7 @@ import onnx_ir as ir
 from .. import contract
 from . import emit
 from .ir_utils import VALUE_DTYPES, dtype_of, widening_or_same
-from .sdpa_subgraph import Reject
+from .sdpa_subgraph import Reject, check_head_sizes
 from .shape_info import rank, same_dim
 
 NAME = "onnx_attention"
@@ -109,9 +109,7 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
         kv_heads = n.attributes.get_int("kv_num_heads", 0)
         if q_heads <= 0 or kv_heads <= 0:
             raise Reject("3-D Attention without q_num_heads/kv_num_heads")
-    for name, d in _head_sizes(shapes, q, v, q_heads, kv_heads):
-        if isinstance(d, int) and not 1 <= d <= contract.MAX_HEAD_DIM:
-            raise Reject(f"head size {name}={d} is outside FusedAttention's 1..{contract.MAX_HEAD_DIM}")
+    check_head_sizes(_head_sizes(shapes, q, v, q_heads, kv_heads))
     if mask is not None:
         mt = dtype_of(mask, shapes)
         if mt not in (ir.DataType.BOOL, t):

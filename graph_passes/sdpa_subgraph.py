@@ -108,6 +108,14 @@ class Reject(Exception):
         self.nodes = nodes
 
 
+def check_head_sizes(sizes) -> None:
+    """Rejects a known head size outside FusedAttention's range; `sizes` is (("D", D), ("Dv", Dv)),
+    each an int where the shapes give it. Every rule that emits FusedAttention checks through here."""
+    for name, d in sizes:
+        if isinstance(d, int) and not 1 <= d <= contract.MAX_HEAD_DIM:
+            raise Reject(f"head size {name}={d} is outside FusedAttention's 1..{contract.MAX_HEAD_DIM}")
+
+
 @dataclasses.dataclass
 class MaskTerm:
     kind: str  # "add": value is added to the scores; "bool": value (bool) says where keys are visible;
@@ -697,9 +705,7 @@ def check(match: Match, shapes: dict, opset: int) -> Plan:
             raise Reject(f"cannot prove {name} has Q's number of heads (or 1): Q {_shape_str(shapes, m.q)}, {name} {s}")
     if not (same_dim(sk[1], sv[1])):
         raise Reject(f"K and V have different head counts: K^T {sk}, V {sv}")
-    for name, d in (("D", sq[3]), ("Dv", sv[3])):
-        if isinstance(d, int) and not 1 <= d <= contract.MAX_HEAD_DIM:
-            raise Reject(f"head size {name}={d} is outside FusedAttention's 1..{contract.MAX_HEAD_DIM}")
+    check_head_sizes((("D", sq[3]), ("Dv", sv[3])))
     if not math.isfinite(m.scale) or m.scale == 0:
         raise Reject(f"the combined scale {m.scale} is not a finite non-zero number")
     # Masks.

@@ -74,7 +74,7 @@ def variant_call(t, causal, switches, mask=None):
 def opsfuse_variants(sets, d, dv, causal, mask, extra=()):
     """{name: calls}: the default launch, and the alternatives it replaced -- without a mask the
     (256, 128) kernel (OPSFUSE_CUDA_HOPPER_D192=0) and V padded to 256 (_DV_BUCKET=0), with one the
-    general scoring (_MASK_PAIRS=0)."""
+    general scoring (_MASK_PAIRS=0); then `extra` ({name: switches}, the command line's --variant)."""
     alternatives = {}
     if mask is not None:
         alternatives["opsfuse general scoring"] = "OPSFUSE_CUDA_HOPPER_MASK_PAIRS=0"
