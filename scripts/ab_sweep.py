@@ -113,9 +113,14 @@ PROBE128 = [(8, 16, 1024, 128, torch.bfloat16, 0), (1, 16, 512, 128, torch.bfloa
 # launches (session 36); the non-causal S=1024 beside them as the control
 CHAIN8 = [(8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.float16, 1), (4, 32, 1024, 128, torch.bfloat16, 1),
           (4, 16, 1536, 128, torch.bfloat16, 1), (2, 32, 1920, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.bfloat16, 0)]
+# lean: non-causal D = 128 launches whose key tiles hold no key limit (Sk a multiple of 128), where a
+# kernel with the fast scoring only is exact (session 45): S=1024 bf16 / fp16 (8-tile items, the
+# missed point), S=2048 and 4096 (the chain by default)
+LEAN = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.float16, 0),
+        (8, 16, 2048, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 0)]
 GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "general256": GENERAL256, "general": GENERAL, "d64": D64, "pshort": PSHORT, "pquick": PQUICK, "causal": CAUSAL, "items": ITEMS,
          "seed": SEED, "rate": RATE, "short": SHORT, "wide": WIDE, "widelong": WIDELONG,
-         "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128, "probe128": PROBE128, "chain8": CHAIN8}
+         "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128, "probe128": PROBE128, "chain8": CHAIN8, "lean": LEAN}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"
 
 

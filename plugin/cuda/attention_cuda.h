@@ -48,6 +48,8 @@ struct PlanSummary {
   int chain_tiles = 0;      // Hopper: item chaining from this many key tiles where the launch allows it
                             // (launch_hopper: persistent plain launches at D = 128); 0 never
   int chain_tiles_causal = 0;  // the same for causal launches
+  bool fast_plain = false;  // Hopper: plain D = 128 launches whose key tiles are all whole and visible
+                            // take the kernel without the code they never run (launch_hopper)
   bool hopper_compiled = false;  // whether this build holds the sm_90a kernels at all
 };
 bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, PlanSummary* out);

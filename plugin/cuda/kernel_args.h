@@ -101,6 +101,7 @@ enum class Switch : int {
   kHopperSeqWide,       // OPSFUSE_CUDA_HOPPER_SEQ_WIDE
   kHopperDvBucket,      // OPSFUSE_CUDA_HOPPER_DV_BUCKET
   kHopperD192,          // OPSFUSE_CUDA_HOPPER_D192
+  kHopperFast,          // OPSFUSE_CUDA_HOPPER_FAST
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -174,6 +175,9 @@ struct Plan {
   int seq_wide_tiles = 32;     // kHopper: plain launches at D <= 64 over 2 to this many whole 256-key
                                // tiles run in sequence on 256-key tiles (kPlainSeqWide, launch_hopper;
                                // OPSFUSE_CUDA_HOPPER_SEQ_WIDE); 0 never
+  bool fast_plain = true;      // kHopper: plain D = 128 launches whose key tiles are all whole and visible
+                               // in the kernel without the code they never run (kPlainFast, launch_hopper;
+                               // OPSFUSE_CUDA_HOPPER_FAST=0: never)
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
   bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };

@@ -290,6 +290,7 @@ py::dict describe_plan_impl(py::handle q, py::handle k, py::handle v, py::handle
   d["stream_k"] = s.stream_k;
   d["chain_tiles"] = s.chain_tiles;
   d["chain_tiles_causal"] = s.chain_tiles_causal;
+  d["fast_plain"] = s.fast_plain;
   d["hopper_compiled"] = s.hopper_compiled;
   return d;
 }

@@ -105,6 +105,15 @@ def test_chain_switch(mod, monkeypatch, value, tiles, causal_tiles):
     assert (p["chain_tiles"], p["chain_tiles_causal"]) == (tiles, causal_tiles)
 
 
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False)])
+def test_fast_plain_switch(mod, monkeypatch, value, on):
+    """OPSFUSE_CUDA_HOPPER_FAST: unset or 1 lets plain D = 128 launches with whole, visible key tiles
+    take the kernel without the code they never run (kPlainFast), 0 keeps them in kPlain."""
+    if value is not None:
+        monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_FAST", value)
+    assert plan(mod, 8, 16, 1024, 1024, 128)["fast_plain"] is on
+
+
 @pytest.mark.parametrize("d,dv,bucket,bucket_v", [
     (192, 128, 192, 128),  # DeepSeek-V3's latent attention
     (160, 64, 192, 128),

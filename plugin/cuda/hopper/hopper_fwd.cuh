@@ -140,6 +140,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Wide heads (D > 128: 192 and 256) are never split by keys, tail or stream-K (choose_plan): those
   // paths are compiled out of their kernels.
   constexpr bool kWideHead = kD > 128;
+  // kPlainFast: kPlain for launches whose key tiles are all whole and visible -- the fast scoring
+  // only, and none of the key split, tail split or stream-K code, which launch_hopper never pairs
+  // with it (a third of kPlain's SASS; why that matters: hopper_modes.h).
+  constexpr bool kFastOnly = kMode == kPlainFast;
+  constexpr bool kNoSplit = kWideHead || kFastOnly;  // no key / tail split, no stream-K compiled in
   static_assert(kMode != kPlainSplit || kD <= 128, "the split merge stages O over the K ring: D <= 128");
   // kPlainSplit: both consumer warpgroups work on one item's 64 rows (the first 64 of the Q
   // buffer, whose 128-row TMA box also brings the next 64, unused), each on every other key tile.
@@ -149,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kSeq = kMode == kPlainSeq || kSeqWide;
   static_assert(!kSeq || kD <= 128, "kPlainSeq: compiled at D = 64 and 128 only");
   static_assert(!kSeqWide || kD == 64, "kPlainSeqWide: compiled at D = 64 only");
-  constexpr bool kPlainScores = kMode == kPlain || kChain || kSeq;  // no mask, no softcap, 128-row items
+  constexpr bool kPlainScores = kMode == kPlain || kFastOnly || kChain || kSeq;  // no mask, no softcap, 128-row items
   constexpr bool kEarlyQHere = kEarlyQ && kD == 128;  // hopper_config.h: measured at D = 128
   // Row sums on the tensor cores (kSumOnTensor): O's accumulators grow by one 8-column group.
   constexpr bool kSumTensor = Cfg::kOnesBytes > 0;  // kPlainSeqWide, unless OPSFUSE_HOPPER_SUM_ON_TENSOR=0
@@ -242,8 +247,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // live through the consumers' key loop and spilled); rounds past it land beyond n_work.
   // Wide heads (D = 192, 256) never split (launch_hopper): their round structure is fixed at compile
   // time.
-  const int tail_from = kWideHead ? INT_MAX : tail_round;
-  auto splits_in = [&](int r) { return r >= tail_from ? 2 : (kWideHead ? 1 : splits); };  // round r's item
+  const int tail_from = kNoSplit ? INT_MAX : tail_round;
+  auto splits_in = [&](int r) { return r >= tail_from ? 2 : (kNoSplit ? 1 : splits); };  // round r's item
   // Stream-K (a.sk_count != null; the plain kernel at D <= 128 only, so that the others carry none
   // of it; launch_hopper: a persistent grid, unsplit, static order): the first a.sk_rounds rounds
   // are the static order's, whole items; the n_sk = n_work - sk_rounds G items after them (G <=
@@ -536,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // launch merges its one item, a tail-split one the item of its last round if its cluster has
     // one (the same answer in both blocks). Either is the block's last item, so tid 0 has issued
     // all its loads before it arrives.
-    if (!kWideHead && (splits > 1 || item_of(tail_from) < n_work)) {
+    if (!kNoSplit && (splits > 1 || item_of(tail_from) < n_work)) {
       __syncwarp();
       cluster_sync();
       cluster_sync();
@@ -1155,10 +1160,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Calls f(ScoringV<V>{}) with tile it's scoring variant (cls: its class).
     auto with_scoring = [&](int it, int cls, auto&& f) {
-      if constexpr (kSeqWide) {
-        // launch_hopper takes kPlainSeqWide only where no tile has a key limit inside it (no causal,
-        // no key_lengths, Sk a multiple of 256, a positive scale): the limits variant's 128 per-key
-        // tests left its wgmmas too few registers (ptxas serialized them, C7512).
+      if constexpr (kSeqWide || kFastOnly) {
+        // launch_hopper takes kPlainSeqWide and kPlainFast only where no tile has a key limit inside
+        // it (no causal, no key_lengths, Sk a multiple of the tile's keys, a positive scale).
+        // kPlainSeqWide: the limits variant's 128 per-key tests left its wgmmas too few registers
+        // (ptxas serialized them, C7512).
         f(ScoringV<kScoreFast>{});
       } else if constexpr (kPlainScores || kSplitWG) {
         if (is_boundary(it)) f(ScoringV<kScoreLimits>{});
@@ -1585,7 +1591,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const int ns = splits_in(round);  // recomputed here: not a register through the key loop
     // (Wide heads are never split: D = 256's merge would not fit the ring, launch_hopper refuses it.)
-    if (!kWideHead && ns > 1) {
+    if (!kNoSplit && ns > 1) {
       // Split merge. Every rank's thread holds the same rows and columns of O (the accumulator
       // layout does not depend on the keys), so ranks > 0 put their (O, max, per-thread sum) in
       // their shared memory over the K/V ring (both warpgroups' last products are done: named

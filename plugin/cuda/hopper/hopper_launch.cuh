@@ -107,6 +107,15 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       a.seq_k % WideCfg::kBN == 0 && a.seq_k >= 2 * WideCfg::kBN &&
       a.seq_k <= static_cast<int64_t>(plan.seq_wide_tiles) * WideCfg::kBN)
     mode = hopper::kPlainSeqWide;
+  // Whole, visible key tiles (kPlainFast, D = 128): a plain launch that none of the rules above
+  // took over, without causal or key_lengths, Sk a multiple of 128, a positive scale, unsplit
+  // (plan.cluster: no key or tail split) and without stream-K, runs kPlain without the code it
+  // would never run (hopper_modes.h; plan.fast_plain, OPSFUSE_CUDA_HOPPER_FAST=0: never). The H100's
+  // same-process A/B (session 45, B=8 H=16 bf16 / fp16): S=1024 -3 to -5 %; with chaining off,
+  // S=2048 and 4096 -3 to -4 %, level with the chain there, which keeps the launches it takes.
+  if (kD == 128 && plan.fast_plain && mode == hopper::kPlain && a.causal == 0 && a.key_lengths == nullptr &&
+      a.scale_log2 > 0.0f && a.seq_k % Cfg::kBN == 0 && a.sk_count == nullptr && plan.cluster == 1)
+    mode = hopper::kPlainFast;
   const bool wide = mode == hopper::kPlainSeqWide;
   const int keys_per_tile = wide ? WideCfg::kBN : Cfg::kBN;
   const int smem_bytes = wide ? WideCfg::kSmem : Cfg::kSmem;
@@ -134,10 +143,16 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
         if constexpr (kD == 64) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeqWide>;
         else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
       };
+      // kPlainFast at D = 128 only.
+      auto fast = [] {
+        if constexpr (kD == 128) return hopper::hopper_fwd_kernel<T, kD, hopper::kPlainFast>;
+        else return hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>;
+      };
       return mode == hopper::kPlain          ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain>
              : mode == hopper::kPlainChain   ? chain()
              : mode == hopper::kPlainSeq     ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSeq>
              : mode == hopper::kPlainSeqWide ? seq_wide()
+             : mode == hopper::kPlainFast    ? fast()
              : mode == hopper::kPlainSplit ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlainSplit>
              : mode == hopper::kMaskAdd  ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskAdd>
              : mode == hopper::kMaskBool ? hopper::hopper_fwd_kernel<T, kD, hopper::kMaskBool>

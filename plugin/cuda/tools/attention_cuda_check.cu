@@ -76,6 +76,8 @@ struct Case {
   int wide = 0;      // Hopper cases: > 0 = OPSFUSE_CUDA_HOPPER_SEQ_WIDE=wide (in sequence on 256-key
                      // tiles, kPlainSeqWide), which must have run exactly where its rule allows
                      // (wide_allowed)
+  int fast = 0;      // Hopper cases: 1 = the Hopper pass must have taken the kernel for whole, visible
+                     // key tiles (kPlainFast) exactly where its rule allows (fast_allowed)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -416,6 +418,18 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
               "short items in sequence", "taken beyond the OPSFUSE_CUDA_HOPPER_SEQ(_D128) limit or where 256-key tiles apply");
   expect_mode(c.wide != 0, opsfuse::cuda::detail::hopper::kPlainSeqWide, wide_allowed,
               "short items in sequence on 256-key tiles", "taken where its rule does not allow it");
+  // Whole, visible key tiles (kPlainFast): plain launches in the D = 128 bucket without causal or
+  // key_lengths whose keys fill whole 128-key tiles, unsplit, without stream-K, that neither the
+  // in-sequence kernel nor chaining took (launch_hopper). The cases that ask pick shapes without a
+  // tail split (more than 1.5 rounds of items on 132 SMs, or one round).
+  const bool chain_taken = env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && chain_from > 0 &&
+                           static_cast<int64_t>(chain_from) * 128 <= c.Sk;
+  const bool fast_allowed = env_value("OPSFUSE_CUDA_HOPPER_FAST") != "0" && wide && std::max(c.D, c.Dv) <= 128 &&
+                            c.causal == 0 && c.key_lengths == 0 && c.mask == MaskKind::kNone && !(c.softcap > 0.0f) &&
+                            c.splits == 0 && c.tail == 0 && c.stream_k == 0 && c.wg_split == 0 && c.Sk % 128 == 0 &&
+                            c.Sk / 128 > seq_limit && !chain_taken;
+  expect_mode(c.fast != 0, opsfuse::cuda::detail::hopper::kPlainFast, fast_allowed, "whole visible key tiles",
+              "taken where its rule does not allow it");
   return ok;
 }
 
@@ -716,6 +730,21 @@ int main(int argc, char** argv) {
       {"hop f16 d64 wide not causal1 512", H, 2, 8, 8, 512, 512, 64, 64, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
       {"hop f16 d64 wide not beyond 1280", H, 1, 12, 12, 1280, 1280, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
       {"hop f16 d64 wide not one tile 256", H, 8, 12, 12, 256, 256, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
+      // Whole, visible key tiles (kPlainFast: plain launches at D = 128 whose keys fill whole 128-key
+      // tiles, no causal, no key_lengths, unsplit; the last field asks that it ran exactly where its
+      // rule allows): 216 items of 8 tiles with a partial last row tile (Sq = 1100) and GQA 3; one
+      // round of 96 items at D = 96 with Sq = 97; Q and V biases over 6 tiles; 280 items of 5 tiles
+      // for --quick; and where it must not run: Sk = 1000 (a key limit inside the last tile), causal,
+      // key_lengths, chaining's 2048 keys, the OPSFUSE_CUDA_HOPPER_STREAM_K=1 schedule.
+      {"hop bf16 d128 fast gqa3 1100x1024", BF, 2, 12, 4, 1100, 1024, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d96 fast one round 97x640", H, 6, 16, 16, 97, 640, 96, 96, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d128 fast bias 2x16x768", BF, 2, 16, 16, 1024, 768, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1},
+      {"hop f16 d128 fast quick 280x640", H, 2, 140, 140, 64, 640, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d128 fast not 1000", BF, 2, 16, 16, 1024, 1000, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 fast not causal1 1024", H, 2, 16, 16, 1024, 1024, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d128 fast not kl32 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 0, 0.f, N, 0, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 fast not chained 2048", H, 2, 16, 8, 1024, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d128 fast not streamk 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1},
       // Small grids whose portable plan splits the keys (<= 66 blocks, >= 8 key tiles of 64): the
       // Hopper kernel must take them where their rows fill its items for a third of the SMs
       // (hopper_eligible): 128 items of 64 rows (the warpgroup split) at D = 128, 64 at D = 64, 64
@@ -812,6 +841,7 @@ int main(int argc, char** argv) {
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
                                 "hop f16 d128 chain quick 270x2048", "hop f16 d128 chain quick causal1 136x1024",
+                                "hop f16 d128 fast quick 280x640",
                                 "hop f16 d64 seq seed 12x128",
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
                                 "hop bf16 d40 wide Sq97 gqa3 512", "hop f16 d192/128 latent addmask softcap kl32",
