@@ -66,6 +66,15 @@ def test_summary_carries_both_errors_and_the_table_shows_them():
     assert table_row.endswith("| 5.0e-07 | 4.3e-04 |")
 
 
+def test_markdown_title_names_the_measured_gpu():
+    """The results file's title is the card that ran it (an H100 run once read "(H200)")."""
+    from opsfuse.bench.cuda import _markdown
+
+    meta = dict(date="d", gpu="NVIDIA H100 80GB HBM3 (132 SMs, 79 GiB)", cuda="c", torch="t", onnxruntime="o",
+                command="cmd", ceilings={})
+    assert _markdown(meta, [], []).splitlines()[0] == "# CUDA FusedAttention benchmark (NVIDIA H100 80GB HBM3)"
+
+
 class _FakeCudaTorch:
     """What the kernel timers use of torch.cuda, on the CPU: a capture records the calls made inside
     it and a replay makes them again; events count as zero time. `fail_capture` names the calls'

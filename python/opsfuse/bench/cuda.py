@@ -670,7 +670,7 @@ def _err(value) -> str:
 
 def _markdown(meta, rows, summary):
     lines = [
-        "# CUDA FusedAttention benchmark (H200)",
+        f"# CUDA FusedAttention benchmark ({meta['gpu'].split(' (')[0]})",
         "",
         f"- date: {meta['date']}",
         f"- GPU: {meta['gpu']}; driver/CUDA: {meta['cuda']}; torch {meta['torch']}; onnxruntime {meta['onnxruntime']}",
