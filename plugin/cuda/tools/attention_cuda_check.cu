@@ -829,11 +829,11 @@ int main(int argc, char** argv) {
 #endif
   // --quick (what compute-sanitizer runs): the first two Hopper cases, a pair-loaded mask, two
   // key-split cases, two padding masks (classified; floor-valued), the small tail-split, stream-K,
-  // warpgroup-split and two chaining cases, three bias cases (key splits, the tail split, softcap's
-  // biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq), latent attention's
-  // (192, 128) kernel (a mask, softcap, a V tile's tail zeroed; its two pair-mask kernels; a Q bias),
-  // D = 256 (one Q buffer) and small persistent grids of both (the next item a round ahead); the
-  // other persistent-grid cases are too large for racecheck's pace.
+  // warpgroup-split and two chaining cases, one kPlainFast case, three bias cases (key splits, the
+  // tail split, softcap's biased copies), the seed's S=128 and D = 96 causal in sequence (kPlainSeq),
+  // latent attention's (192, 128) kernel (a mask, softcap, a V tile's tail zeroed; its two pair-mask
+  // kernels; a Q bias), D = 256 (one Q buffer) and small persistent grids of both (the next item a
+  // round ahead); the other persistent-grid cases are too large for racecheck's pace.
   const char* quick_hopper[] = {"hop bf16 d128 1000x1537", "hop f16 d64 causal1 gqa4", "hop f16 d64 addmask causal2 gqa2",
                                 "hop bf16 d64 split4 boolmask softcap", "hop f16 d128 split3 causal1 kl64",
                                 "hop f16 d64 boolpad causal1 gqa3 kl32", "hop f16 d64 floorpad causal2 300",
