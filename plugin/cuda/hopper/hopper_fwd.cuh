@@ -1161,10 +1161,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Calls f(ScoringV<V>{}) with tile it's scoring variant (cls: its class).
     auto with_scoring = [&](int it, int cls, auto&& f) {
       if constexpr (kSeqWide || kFastOnly) {
-        // launch_hopper takes kPlainSeqWide and kPlainFast only where no tile has a key limit inside
-        // it (no causal, no key_lengths, Sk a multiple of the tile's keys, a positive scale).
-        // kPlainSeqWide: the limits variant's 128 per-key tests left its wgmmas too few registers
-        // (ptxas serialized them, C7512).
+        // launch_hopper takes kPlainSeqWide and kPlainFast only where every key tile is whole and
+        // visible (its whole_visible_tiles). kPlainSeqWide: the limits variant's 128 per-key tests
+        // left its wgmmas too few registers (ptxas serialized them, C7512).
         f(ScoringV<kScoreFast>{});
       } else if constexpr (kPlainScores || kSplitWG) {
         if (is_boundary(it)) f(ScoringV<kScoreLimits>{});

@@ -95,26 +95,28 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   if (seq_tiles > 0 && mode == hopper::kPlain && a.sk_count == nullptr &&
       a.seq_k <= static_cast<int64_t>(seq_tiles) * Cfg::kBN)
     mode = hopper::kPlainSeq;
+  // Whether every key tile of `keys` keys is whole and visible to every row -- no causal, no
+  // key_lengths, Sk a multiple of `keys`, a positive scale: what the kernels that score every tile
+  // with the fast variant alone (kPlainSeqWide, kPlainFast; their with_scoring) require.
+  auto whole_visible_tiles = [&](int keys) {
+    return a.causal == 0 && a.key_lengths == nullptr && a.scale_log2 > 0.0f && a.seq_k % keys == 0;
+  };
   // The same on 256-key tiles (kPlainSeqWide, D = 64): plain launches over 2 to Plan::seq_wide_tiles
-  // 256-key tiles (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N) none of which has a key limit inside it -- no
-  // causal, no key_lengths, Sk a multiple of 256, a positive scale -- since the kernel scores every
-  // tile as all visible (its with_scoring). The H200's same-process A/B (session 28, fp16, against
+  // whole, visible 256-key tiles (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N). The H200's same-process A/B (session 28, fp16, against
   // the default then): the seed's S=1024 -3 %, B=2 H=16 S=1024 -6.5 %, B=8 H=12 S=1024 -8 %, the
   // seed's S=2048 -9 %, B=4 H=16 S=4096 -9 %, B=2 H=16 S=8192 -9 %, BERT's S=512 -4 %; one tile
   // (B=8 H=12 S=256) +10 %, 64 tiles (B=1 H=16 S=16384) level: hence 2 to 32 (Plan::seq_wide_tiles).
   if (kD == 64 && plan.seq_wide_tiles > 0 && (mode == hopper::kPlain || mode == hopper::kPlainSeq) &&
-      a.sk_count == nullptr && a.causal == 0 && a.key_lengths == nullptr && a.scale_log2 > 0.0f &&
-      a.seq_k % WideCfg::kBN == 0 && a.seq_k >= 2 * WideCfg::kBN &&
+      a.sk_count == nullptr && whole_visible_tiles(WideCfg::kBN) && a.seq_k >= 2 * WideCfg::kBN &&
       a.seq_k <= static_cast<int64_t>(plan.seq_wide_tiles) * WideCfg::kBN)
     mode = hopper::kPlainSeqWide;
   // Whole, visible key tiles (kPlainFast, D = 128): a plain launch that none of the rules above
-  // took over, without causal or key_lengths, Sk a multiple of 128, a positive scale, unsplit
-  // (plan.cluster: no key or tail split) and without stream-K, runs kPlain without the code it
-  // would never run (hopper_modes.h; plan.fast_plain, OPSFUSE_CUDA_HOPPER_FAST=0: never). The H100's
+  // took over, with whole, visible 128-key tiles, unsplit (plan.cluster: no key or tail split) and
+  // without stream-K, runs kPlain without the code it would never run (hopper_modes.h; plan.fast_plain, OPSFUSE_CUDA_HOPPER_FAST=0: never). The H100's
   // same-process A/B (session 45, B=8 H=16 bf16 / fp16): S=1024 -3 to -5 %; with chaining off,
   // S=2048 and 4096 -3 to -4 %, level with the chain there, which keeps the launches it takes.
-  if (kD == 128 && plan.fast_plain && mode == hopper::kPlain && a.causal == 0 && a.key_lengths == nullptr &&
-      a.scale_log2 > 0.0f && a.seq_k % Cfg::kBN == 0 && a.sk_count == nullptr && plan.cluster == 1)
+  if (kD == 128 && plan.fast_plain && mode == hopper::kPlain && whole_visible_tiles(Cfg::kBN) &&
+      a.sk_count == nullptr && plan.cluster == 1)
     mode = hopper::kPlainFast;
   const bool wide = mode == hopper::kPlainSeqWide;
   const int keys_per_tile = wide ? WideCfg::kBN : Cfg::kBN;

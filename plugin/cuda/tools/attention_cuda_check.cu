@@ -397,20 +397,20 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   const opsfuse::cuda::detail::Plan plan_defaults{};
   const int chain_default = c.causal != 0 ? plan_defaults.chain_tiles_causal : plan_defaults.chain_tiles;
   const int chain_from = chain_env.empty() || chain_env == "1" ? chain_default : std::atoi(chain_env.c_str());
-  expect_mode(c.chain != 0, opsfuse::cuda::detail::hopper::kPlainChain,
-              env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && chain_from > 0 &&
-                  static_cast<int64_t>(chain_from) * 128 <= c.Sk,
-              "item chaining", "taken although TMA stores or chaining are off");
+  const bool chain_allowed = env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && chain_from > 0 &&
+                             static_cast<int64_t>(chain_from) * 128 <= c.Sk;
+  expect_mode(c.chain != 0, opsfuse::cuda::detail::hopper::kPlainChain, chain_allowed, "item chaining",
+              "taken although TMA stores or chaining are off");
   // Short items in sequence: up to the limit of the case's head-size bucket, OPSFUSE_CUDA_HOPPER_SEQ=N
   // (D <= 64) or _SEQ_D128=N (D <= 128) key tiles, else the plan's default.
   const bool wide = std::max(c.D, c.Dv) > 64;
   const std::string seq_env = env_value(wide ? "OPSFUSE_CUDA_HOPPER_SEQ_D128" : "OPSFUSE_CUDA_HOPPER_SEQ");
-  const opsfuse::cuda::detail::Plan defaults{};
-  const int seq_limit = !seq_env.empty() ? std::atoi(seq_env.c_str()) : wide ? defaults.seq_tiles_d128 : defaults.seq_tiles;
+  const int seq_limit =
+      !seq_env.empty() ? std::atoi(seq_env.c_str()) : wide ? plan_defaults.seq_tiles_d128 : plan_defaults.seq_tiles;
   // The 256-key tiles (kPlainSeqWide): D <= 64 plain launches without causal or key_lengths whose
   // keys fill 2 to the limit's 256-key tiles exactly (launch_hopper); they take the case first.
   const std::string wide_limit_env = c.wide > 0 ? std::to_string(c.wide) : env_value("OPSFUSE_CUDA_HOPPER_SEQ_WIDE");
-  const int wide_limit = !wide_limit_env.empty() ? std::atoi(wide_limit_env.c_str()) : defaults.seq_wide_tiles;
+  const int wide_limit = !wide_limit_env.empty() ? std::atoi(wide_limit_env.c_str()) : plan_defaults.seq_wide_tiles;
   const bool wide_allowed = !wide && c.causal == 0 && c.key_lengths == 0 && c.mask == MaskKind::kNone &&
                             !(c.softcap > 0.0f) && c.stream_k == 0 && c.wg_split == 0 && c.Sk % 256 == 0 &&
                             c.Sk >= 512 && c.Sk <= wide_limit * 256;
@@ -421,13 +421,12 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   // Whole, visible key tiles (kPlainFast): plain launches in the D = 128 bucket without causal or
   // key_lengths whose keys fill whole 128-key tiles, unsplit, without stream-K, that neither the
   // in-sequence kernel nor chaining took (launch_hopper). The cases that ask pick shapes without a
-  // tail split (more than 1.5 rounds of items on 132 SMs, or one round).
-  const bool chain_taken = env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && chain_from > 0 &&
-                           static_cast<int64_t>(chain_from) * 128 <= c.Sk;
+  // tail split (more than 1.5 rounds of items on 132 SMs, or one round) and, where chaining is
+  // allowed, a persistent grid (so that it is taken).
   const bool fast_allowed = env_value("OPSFUSE_CUDA_HOPPER_FAST") != "0" && wide && std::max(c.D, c.Dv) <= 128 &&
                             c.causal == 0 && c.key_lengths == 0 && c.mask == MaskKind::kNone && !(c.softcap > 0.0f) &&
                             c.splits == 0 && c.tail == 0 && c.stream_k == 0 && c.wg_split == 0 && c.Sk % 128 == 0 &&
-                            c.Sk / 128 > seq_limit && !chain_taken;
+                            c.Sk / 128 > seq_limit && !chain_allowed;
   expect_mode(c.fast != 0, opsfuse::cuda::detail::hopper::kPlainFast, fast_allowed, "whole visible key tiles",
               "taken where its rule does not allow it");
   return ok;
