@@ -482,9 +482,10 @@ def test_warpgroup_key_split(dtype, case, monkeypatch):
 CHAIN_CASES = {
     # name: (b, hq, hkv, sq, sk, d, dv), attrs; persistent plain grids of more row tiles than an
     # H100 / H200 has SMs (132) over >= 2048 keys (causal >= 1024), without a tail split or
-    # stream-K: item chaining (kPlainChain)
+    # stream-K, non-causal ones with a partial last key tile (whole tiles take kPlainFast): item
+    # chaining (kPlainChain)
     "gqa3_1025x2100": ((2, 12, 4, 1025, 2100, 128, 128), {}),  # 216 items of 17 tiles, the last partial
-    "sq100_mqa": ((3, 96, 1, 100, 2048, 128, 128), {}),  # 288 items of 100 rows
+    "sq100_mqa": ((3, 96, 1, 100, 2100, 128, 128), {}),  # 288 items of 100 rows
     "causal1_dynamic": ((1, 10, 5, 2100, 2100, 128, 128), {"is_causal": 1}),  # 170 items, 1..17 tiles
     "d80_dv96_causal2_snake": ((2, 12, 6, 700, 2100, 80, 96), {"is_causal": 2}),  # 144 items
     "causal1_gqa3_1100": ((2, 12, 4, 1100, 1100, 128, 128), {"is_causal": 1}),  # 216 items, 1..9 tiles
@@ -516,7 +517,7 @@ FAST_CASES = {
     # (kPlainFast) by default
     "s1024_gqa3": ((2, 12, 4, 1100, 1024, 128, 128), {}),  # 216 items of 8 tiles, a partial row tile
     "d96_one_round": ((6, 16, 16, 97, 640, 96, 96), {}),  # 96 items of 5 tiles
-    "s2048_unchained": ((2, 16, 8, 1024, 2048, 128, 128), {"OPSFUSE_CUDA_HOPPER_CHAIN": "0"}),  # 16 tiles
+    "s2048_persistent": ((2, 16, 8, 1024, 2048, 128, 128), {}),  # 16 tiles, which chaining leaves to it
 }
 
 

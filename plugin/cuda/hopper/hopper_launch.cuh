@@ -64,6 +64,15 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       return cudaErrorInvalidValue;
     mode = hopper::kPlainSplit;
   }
+  // Whether every key tile of `keys` keys is whole and visible to every row -- no causal, no
+  // key_lengths, Sk a multiple of `keys`, a positive scale: what the kernels that score every tile
+  // with the fast variant alone (kPlainSeqWide, kPlainFast; their with_scoring) require.
+  auto whole_visible_tiles = [&](int keys) {
+    return a.causal == 0 && a.key_lengths == nullptr && a.scale_log2 > 0.0f && a.seq_k % keys == 0;
+  };
+  // kPlainFast's launches (below): plain, whole visible 128-key tiles, unsplit, no stream-K.
+  const bool fast_plain = kD == 128 && plan.fast_plain && mode == hopper::kPlain && whole_visible_tiles(Cfg::kBN) &&
+                          a.sk_count == nullptr && plan.cluster == 1;
   const int item_rows = plan.wg_split ? 64 : hopper::kBM;
   const int64_t blocks = static_cast<int64_t>((a.seq_q + item_rows - 1) / item_rows) * a.batch * a.heads_q;
   // Item chaining (kPlainChain): a persistent plain launch whose blocks take several items each,
@@ -75,9 +84,11 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // H=16 D=128 bf16) measured S=4096 -0.7 to -1.1 %, causal -1.2 to -1.9 %, causal S=16384
   // -1.7 %, but S=1024 (8-tile items) +0.6 to +1.0 % and causal S=1024 +1 %. Since early Q
   // (session 33) the H100 measured causal launches over 8-15 key tiles -2 to -4 % in all 30
-  // pairs of session 36 (five shapes, bf16 / fp16), non-causal S=1024 still +0.6 %.
+  // pairs of session 36 (five shapes, bf16 / fp16), non-causal S=1024 still +0.6 %. Launches that
+  // kPlainFast takes stay unchained: OPSFUSE_CUDA_HOPPER_CHAIN=0 against the default measured it
+  // -0.8 to -1.6 % at S=2048 / 4096 on the H100 (session 45, 4 rounds of 6, the others level).
   const int chain_tiles = a.causal != 0 ? plan.chain_tiles_causal : plan.chain_tiles;
-  if (kD == 128 && mode == hopper::kPlain && chain_tiles > 0 && plan.persistent > 0 &&
+  if (kD == 128 && mode == hopper::kPlain && !fast_plain && chain_tiles > 0 && plan.persistent > 0 &&
       blocks > plan.persistent && a.seq_k >= static_cast<int64_t>(chain_tiles) * Cfg::kBN &&
       plan.cluster == 1 && a.sk_count == nullptr && a.key_lengths == nullptr && a.q_bias == nullptr &&
       a.v_bias == nullptr && tma_store && (a.causal == 0 || a.causal_offset >= 0))
@@ -95,12 +106,6 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   if (seq_tiles > 0 && mode == hopper::kPlain && a.sk_count == nullptr &&
       a.seq_k <= static_cast<int64_t>(seq_tiles) * Cfg::kBN)
     mode = hopper::kPlainSeq;
-  // Whether every key tile of `keys` keys is whole and visible to every row -- no causal, no
-  // key_lengths, Sk a multiple of `keys`, a positive scale: what the kernels that score every tile
-  // with the fast variant alone (kPlainSeqWide, kPlainFast; their with_scoring) require.
-  auto whole_visible_tiles = [&](int keys) {
-    return a.causal == 0 && a.key_lengths == nullptr && a.scale_log2 > 0.0f && a.seq_k % keys == 0;
-  };
   // The same on 256-key tiles (kPlainSeqWide, D = 64): plain launches over 2 to Plan::seq_wide_tiles
   // whole, visible 256-key tiles (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N). The H200's same-process A/B (session 28, fp16, against
   // the default then): the seed's S=1024 -3 %, B=2 H=16 S=1024 -6.5 %, B=8 H=12 S=1024 -8 %, the
@@ -110,14 +115,12 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       a.sk_count == nullptr && whole_visible_tiles(WideCfg::kBN) && a.seq_k >= 2 * WideCfg::kBN &&
       a.seq_k <= static_cast<int64_t>(plan.seq_wide_tiles) * WideCfg::kBN)
     mode = hopper::kPlainSeqWide;
-  // Whole, visible key tiles (kPlainFast, D = 128): a plain launch that none of the rules above
-  // took over, with whole, visible 128-key tiles, unsplit (plan.cluster: no key or tail split) and
-  // without stream-K, runs kPlain without the code it would never run (hopper_modes.h; plan.fast_plain, OPSFUSE_CUDA_HOPPER_FAST=0: never). The H100's
-  // same-process A/B (session 45, B=8 H=16 bf16 / fp16): S=1024 -3 to -5 %; with chaining off,
-  // S=2048 and 4096 -3 to -4 %, level with the chain there, which keeps the launches it takes.
-  if (kD == 128 && plan.fast_plain && mode == hopper::kPlain && whole_visible_tiles(Cfg::kBN) &&
-      a.sk_count == nullptr && plan.cluster == 1)
-    mode = hopper::kPlainFast;
+  // Whole, visible key tiles (kPlainFast, D = 128): a plain launch that the in-sequence kernel did
+  // not take over, with whole, visible 128-key tiles, unsplit (plan.cluster: no key or tail split)
+  // and without stream-K, runs kPlain without the code it would never run (hopper_modes.h;
+  // plan.fast_plain, OPSFUSE_CUDA_HOPPER_FAST=0: never). The H100's same-process A/B (session 45,
+  // B=8 H=16 bf16 / fp16): S=1024 -3 to -5 %; S=2048 and 4096 -3 to -4 % against kPlain.
+  if (fast_plain && mode == hopper::kPlain) mode = hopper::kPlainFast;
   const bool wide = mode == hopper::kPlainSeqWide;
   const int keys_per_tile = wide ? WideCfg::kBN : Cfg::kBN;
   const int smem_bytes = wide ? WideCfg::kSmem : Cfg::kSmem;

@@ -390,20 +390,26 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
                 allowed ? "expected" : refused);
     ok = false;
   };
+  const bool wide = std::max(c.D, c.Dv) > 64;
+  // Whole, visible key tiles (kPlainFast's shapes): plain launches in the D = 128 bucket without
+  // causal or key_lengths whose keys fill whole 128-key tiles, unsplit, without stream-K
+  // (launch_hopper). Chaining leaves them to kPlainFast.
+  const bool fast_shape = env_value("OPSFUSE_CUDA_HOPPER_FAST") != "0" && wide && std::max(c.D, c.Dv) <= 128 &&
+                          c.causal == 0 && c.key_lengths == 0 && c.mask == MaskKind::kNone && !(c.softcap > 0.0f) &&
+                          c.splits == 0 && c.tail == 0 && c.stream_k == 0 && c.wg_split == 0 && c.Sk % 128 == 0;
   // Chaining stores each item as the next one starts, through the TMA store's staging: the launcher
   // must not take it where the run asks for register stores or no chaining, or (CHAIN=N) chaining
-  // from more key tiles than the case has.
+  // from more key tiles than the case has, or where kPlainFast applies.
   const std::string chain_env = env_value("OPSFUSE_CUDA_HOPPER_CHAIN");
   const opsfuse::cuda::detail::Plan plan_defaults{};
   const int chain_default = c.causal != 0 ? plan_defaults.chain_tiles_causal : plan_defaults.chain_tiles;
   const int chain_from = chain_env.empty() || chain_env == "1" ? chain_default : std::atoi(chain_env.c_str());
   const bool chain_allowed = env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0" && chain_from > 0 &&
-                             static_cast<int64_t>(chain_from) * 128 <= c.Sk;
+                             static_cast<int64_t>(chain_from) * 128 <= c.Sk && !fast_shape;
   expect_mode(c.chain != 0, opsfuse::cuda::detail::hopper::kPlainChain, chain_allowed, "item chaining",
-              "taken although TMA stores or chaining are off");
+              "taken although TMA stores or chaining are off, or where kPlainFast applies");
   // Short items in sequence: up to the limit of the case's head-size bucket, OPSFUSE_CUDA_HOPPER_SEQ=N
   // (D <= 64) or _SEQ_D128=N (D <= 128) key tiles, else the plan's default.
-  const bool wide = std::max(c.D, c.Dv) > 64;
   const std::string seq_env = env_value(wide ? "OPSFUSE_CUDA_HOPPER_SEQ_D128" : "OPSFUSE_CUDA_HOPPER_SEQ");
   const int seq_limit =
       !seq_env.empty() ? std::atoi(seq_env.c_str()) : wide ? plan_defaults.seq_tiles_d128 : plan_defaults.seq_tiles;
@@ -418,15 +424,9 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
               "short items in sequence", "taken beyond the OPSFUSE_CUDA_HOPPER_SEQ(_D128) limit or where 256-key tiles apply");
   expect_mode(c.wide != 0, opsfuse::cuda::detail::hopper::kPlainSeqWide, wide_allowed,
               "short items in sequence on 256-key tiles", "taken where its rule does not allow it");
-  // Whole, visible key tiles (kPlainFast): plain launches in the D = 128 bucket without causal or
-  // key_lengths whose keys fill whole 128-key tiles, unsplit, without stream-K, that neither the
-  // in-sequence kernel nor chaining took (launch_hopper). The cases that ask pick shapes without a
-  // tail split (more than 1.5 rounds of items on 132 SMs, or one round) and, where chaining is
-  // allowed, a persistent grid (so that it is taken).
-  const bool fast_allowed = env_value("OPSFUSE_CUDA_HOPPER_FAST") != "0" && wide && std::max(c.D, c.Dv) <= 128 &&
-                            c.causal == 0 && c.key_lengths == 0 && c.mask == MaskKind::kNone && !(c.softcap > 0.0f) &&
-                            c.splits == 0 && c.tail == 0 && c.stream_k == 0 && c.wg_split == 0 && c.Sk % 128 == 0 &&
-                            c.Sk / 128 > seq_limit && !chain_allowed;
+  // kPlainFast: its shapes that the in-sequence kernel did not take. The cases that ask pick shapes
+  // without a tail split (more than 1.5 rounds of items on 132 SMs, or one round).
+  const bool fast_allowed = fast_shape && c.Sk / 128 > seq_limit;
   expect_mode(c.fast != 0, opsfuse::cuda::detail::hopper::kPlainFast, fast_allowed, "whole visible key tiles",
               "taken where its rule does not allow it");
   return ok;
@@ -679,18 +679,18 @@ int main(int argc, char** argv) {
       {"hop f16 d96 wgsplit 5 tiles", H, 1, 5, 5, 200, 600, 96, 96, 0, 0.f, N, 0, 0},
       {"hop bf16 d64 wgsplit forced 528", BF, 2, 66, 11, 200, 800, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 1},
       // Item chaining (kPlainChain: persistent plain launches at D = 128 with >= 2048 keys, causal
-      // >= 1024, without key_lengths or biases; the last field asks that it ran): 216 items of 17
-      // key tiles, the last partial (Sk = 2100), Sq = 1025 (a one-row tile), GQA 3; 288 items of
-      // 100 rows, MQA; causal 1 in the dynamic order (17 row tiles per head: items of 1 to 17 key
+      // >= 1024, without key_lengths or biases, non-causal ones with a partial last key tile (whole
+      // tiles go to kPlainFast); the last field asks that it ran): 216 items of 17 key tiles, the
+      // last partial (Sk = 2100), Sq = 1025 (a one-row tile), GQA 3; 288 items of 100 rows, MQA; causal 1 in the dynamic order (17 row tiles per head: items of 1 to 17 key
       // tiles); causal 2 with Sk > Sq (the snake, 6 row tiles per head), D = 80 / Dv = 96; causal 1
       // over 1024 keys (items of 1 to 8 tiles) and over 1100 (1 to 9, the last partial), GQA 3;
       // small ones for --quick (270 items of 64 rows: blocks of three items, Q slots reused; 136
       // causal items of 1 to 8 tiles).
       {"hop bf16 d128 chain gqa3 1025x2100", BF, 2, 12, 4, 1025, 2100, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-      {"hop f16 d128 chain Sq100 mqa", H, 3, 96, 1, 100, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 chain Sq100 mqa", H, 3, 96, 1, 100, 2100, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d128 chain dynamic causal1", BF, 1, 10, 5, 2100, 2100, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d80/96 chain causal2 gqa2", H, 2, 12, 6, 700, 2100, 80, 96, 2, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-      {"hop f16 d128 chain quick 270x2048", H, 2, 135, 15, 64, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 chain quick 270x2100", H, 2, 135, 15, 64, 2100, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d128 chain causal1 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 chain causal1 gqa3 1100", H, 2, 12, 4, 1100, 1100, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 chain quick causal1 136x1024", H, 1, 17, 17, 1024, 1024, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
@@ -733,8 +733,9 @@ int main(int argc, char** argv) {
       // tiles, no causal, no key_lengths, unsplit; the last field asks that it ran exactly where its
       // rule allows): 216 items of 8 tiles with a partial last row tile (Sq = 1100) and GQA 3; one
       // round of 96 items at D = 96 with Sq = 97; Q and V biases over 6 tiles; 280 items of 5 tiles
-      // for --quick; and where it must not run: Sk = 1000 (a key limit inside the last tile), causal,
-      // key_lengths, chaining's 2048 keys, the OPSFUSE_CUDA_HOPPER_STREAM_K=1 schedule.
+      // for --quick; 16 tiles in a persistent grid (which chaining leaves to it); and where it must
+      // not run: Sk = 1000 (a key limit inside the last tile), causal, key_lengths, the
+      // OPSFUSE_CUDA_HOPPER_STREAM_K=1 schedule.
       {"hop bf16 d128 fast gqa3 1100x1024", BF, 2, 12, 4, 1100, 1024, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d96 fast one round 97x640", H, 6, 16, 16, 97, 640, 96, 96, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d128 fast bias 2x16x768", BF, 2, 16, 16, 1024, 768, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1},
@@ -742,7 +743,7 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 fast not 1000", BF, 2, 16, 16, 1024, 1000, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 fast not causal1 1024", H, 2, 16, 16, 1024, 1024, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d128 fast not kl32 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 0, 0.f, N, 0, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-      {"hop f16 d128 fast not chained 2048", H, 2, 16, 8, 1024, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d128 fast 16 tiles 2048", H, 2, 16, 8, 1024, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d128 fast not streamk 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1},
       // Small grids whose portable plan splits the keys (<= 66 blocks, >= 8 key tiles of 64): the
       // Hopper kernel must take them where their rows fill its items for a third of the SMs
@@ -839,7 +840,7 @@ int main(int argc, char** argv) {
                                 "hop f16 d64 tail quick 140x64", "hop f16 d64 streamk quick 140x64",
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
-                                "hop f16 d128 chain quick 270x2048", "hop f16 d128 chain quick causal1 136x1024",
+                                "hop f16 d128 chain quick 270x2100", "hop f16 d128 chain quick causal1 136x1024",
                                 "hop f16 d128 fast quick 280x640",
                                 "hop f16 d64 seq seed 12x128",
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
