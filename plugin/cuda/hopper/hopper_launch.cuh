@@ -85,8 +85,8 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // -1.7 %, but S=1024 (8-tile items) +0.6 to +1.0 % and causal S=1024 +1 %. Since early Q
   // (session 33) the H100 measured causal launches over 8-15 key tiles -2 to -4 % in all 30
   // pairs of session 36 (five shapes, bf16 / fp16), non-causal S=1024 still +0.6 %. Launches that
-  // kPlainFast takes stay unchained: OPSFUSE_CUDA_HOPPER_CHAIN=0 against the default measured it
-  // -0.8 to -1.6 % at S=2048 / 4096 on the H100 (session 45, 4 rounds of 6, the others level).
+  // kPlainFast takes stay unchained: the H100 measured it against the chain at S=2048 -0.8 to
+  // -1 % in 6 rounds of 8, level in 2, and at S=4096 -1.1 to -1.6 % or level (sessions 45, 46).
   const int chain_tiles = a.causal != 0 ? plan.chain_tiles_causal : plan.chain_tiles;
   if (kD == 128 && mode == hopper::kPlain && !fast_plain && chain_tiles > 0 && plan.persistent > 0 &&
       blocks > plan.persistent && a.seq_k >= static_cast<int64_t>(chain_tiles) * Cfg::kBN &&

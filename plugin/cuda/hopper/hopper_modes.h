@@ -41,6 +41,8 @@ namespace opsfuse::cuda::detail::hopper {
 //             limits steps laid out one after the other). Code that never runs still costs (its
 //             instruction fetch; session 14 at D = 64): the H100's same-process A/B (session 45)
 //             measured S=1024 -3 to -5 % against kPlain, S=2048 / 4096 (chaining off) -3 to -4 %.
+//             It takes these launches before kPlainChain too (S=2048 -0.9 % against the chain,
+//             S=4096 level; session 46), which keeps causal ones and those with a partial last tile.
 enum Mode : int {
   kPlain = 0,
   kGeneral = 1,
