@@ -681,11 +681,12 @@ int main(int argc, char** argv) {
       // Item chaining (kPlainChain: persistent plain launches at D = 128 with >= 2048 keys, causal
       // >= 1024, without key_lengths or biases, non-causal ones with a partial last key tile (whole
       // tiles go to kPlainFast); the last field asks that it ran): 216 items of 17 key tiles, the
-      // last partial (Sk = 2100), Sq = 1025 (a one-row tile), GQA 3; 288 items of 100 rows, MQA; causal 1 in the dynamic order (17 row tiles per head: items of 1 to 17 key
-      // tiles); causal 2 with Sk > Sq (the snake, 6 row tiles per head), D = 80 / Dv = 96; causal 1
-      // over 1024 keys (items of 1 to 8 tiles) and over 1100 (1 to 9, the last partial), GQA 3;
-      // small ones for --quick (270 items of 64 rows: blocks of three items, Q slots reused; 136
-      // causal items of 1 to 8 tiles).
+      // last partial (Sk = 2100), Sq = 1025 (a one-row tile), GQA 3; 288 items of 100 rows, MQA;
+      // causal 1 in the dynamic order (17 row tiles per head: items of 1 to 17 key tiles); causal 2
+      // with Sk > Sq (the snake, 6 row tiles per head), D = 80 / Dv = 96; causal 1 over 1024 keys
+      // (items of 1 to 8 tiles) and over 1100 (1 to 9, the last partial), GQA 3; small ones for
+      // --quick (270 items of 64 rows: blocks of three items, Q slots reused; 136 causal items of 1
+      // to 8 tiles).
       {"hop bf16 d128 chain gqa3 1025x2100", BF, 2, 12, 4, 1025, 2100, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 chain Sq100 mqa", H, 3, 96, 1, 100, 2100, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d128 chain dynamic causal1", BF, 1, 10, 5, 2100, 2100, 128, 128, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 1},
