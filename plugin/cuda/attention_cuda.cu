@@ -54,7 +54,8 @@
 //   OPSFUSE_CUDA_HOPPER_D192=0     (A/B, tests) latent attention with D <= 192 in the (256, 128)
 //                                  instantiation instead of the (192, 128) one (Plan::bucket).
 //   OPSFUSE_CUDA_HOPPER_FAST=0     (A/B, tests) plain D = 128 launches whose key tiles are all whole
-//                                  and visible in kPlain instead of kPlainFast (launch_hopper).
+//                                  and visible in kPlain (or the chain) instead of kPlainFast
+//                                  (launch_hopper).
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable

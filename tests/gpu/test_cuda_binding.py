@@ -512,12 +512,12 @@ def test_item_chaining(dtype, case, monkeypatch):
 
 
 FAST_CASES = {
-    # name: (b, hq, hkv, sq, sk, d, dv), switches; plain launches in the D = 128 bucket whose keys fill
-    # whole 128-key tiles, no causal, no key_lengths: the kernel without the code they never run
+    # name: (b, hq, hkv, sq, sk, d, dv); plain launches in the D = 128 bucket whose keys fill whole
+    # 128-key tiles, no causal, no key_lengths: the kernel without the code they never run
     # (kPlainFast) by default
-    "s1024_gqa3": ((2, 12, 4, 1100, 1024, 128, 128), {}),  # 216 items of 8 tiles, a partial row tile
-    "d96_one_round": ((6, 16, 16, 97, 640, 96, 96), {}),  # 96 items of 5 tiles
-    "s2048_persistent": ((2, 16, 8, 1024, 2048, 128, 128), {}),  # 16 tiles, which chaining leaves to it
+    "s1024_gqa3": (2, 12, 4, 1100, 1024, 128, 128),  # 216 items of 8 tiles, a partial row tile
+    "d96_one_round": (6, 16, 16, 97, 640, 96, 96),  # 96 items of 5 tiles
+    "s2048_persistent": (2, 16, 8, 1024, 2048, 128, 128),  # 16 tiles, which chaining leaves to it
 }
 
 
@@ -525,15 +525,15 @@ FAST_CASES = {
 @pytest.mark.parametrize("case", sorted(FAST_CASES))
 def test_whole_visible_key_tiles(dtype, case, monkeypatch):
     """The plain kernel without the key-limit scoring, split and stream-K code (kPlainFast, by
-    default for these launches) against the plain kernel (OPSFUSE_CUDA_HOPPER_FAST=0): every tile is
-    scored by the same fast variant in both, so the outputs are bitwise equal, and within the 2x
-    rule. (That kPlainFast ran is the check driver's to assert: its fast cases fail on any other
-    mode.)"""
+    default for these launches) against the plain kernel, or from 16 key tiles the chain
+    (OPSFUSE_CUDA_HOPPER_FAST=0): every tile is scored by the same fast variant in each, so the
+    outputs are bitwise equal, and within the 2x rule. (That kPlainFast ran is the check driver's to
+    assert: its fast cases fail on any other mode.)"""
     require_cuda_module()
-    (b, hq, hkv, sq, sk, d, dv), switches = FAST_CASES[case]
+    b, hq, hkv, sq, sk, d, dv = FAST_CASES[case]
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
-    envs = {"fast": dict(switches), "plain": {**switches, "OPSFUSE_CUDA_HOPPER_FAST": "0"}}
+    envs = {"fast": {}, "plain": {"OPSFUSE_CUDA_HOPPER_FAST": "0"}}
     outs = outputs_under(monkeypatch, envs, q, k, v)
     assert_same_bits(outs, seed)
     assert_within_2x_torch(outs["fast"], q, k, v, None, None, None, 0,

@@ -108,7 +108,8 @@ def test_chain_switch(mod, monkeypatch, value, tiles, causal_tiles):
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False)])
 def test_fast_plain_switch(mod, monkeypatch, value, on):
     """OPSFUSE_CUDA_HOPPER_FAST: unset or 1 lets plain D = 128 launches with whole, visible key tiles
-    take the kernel without the code they never run (kPlainFast), 0 keeps them in kPlain."""
+    take the kernel without the code they never run (kPlainFast), 0 leaves them to kPlain (or, from
+    16 key tiles, the chain)."""
     if value is not None:
         monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_FAST", value)
     assert plan(mod, 8, 16, 1024, 1024, 128)["fast_plain"] is on

@@ -107,10 +107,11 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       a.seq_k <= static_cast<int64_t>(seq_tiles) * Cfg::kBN)
     mode = hopper::kPlainSeq;
   // The same on 256-key tiles (kPlainSeqWide, D = 64): plain launches over 2 to Plan::seq_wide_tiles
-  // whole, visible 256-key tiles (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N). The H200's same-process A/B (session 28, fp16, against
-  // the default then): the seed's S=1024 -3 %, B=2 H=16 S=1024 -6.5 %, B=8 H=12 S=1024 -8 %, the
-  // seed's S=2048 -9 %, B=4 H=16 S=4096 -9 %, B=2 H=16 S=8192 -9 %, BERT's S=512 -4 %; one tile
-  // (B=8 H=12 S=256) +10 %, 64 tiles (B=1 H=16 S=16384) level: hence 2 to 32 (Plan::seq_wide_tiles).
+  // whole, visible 256-key tiles (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=N). The H200's same-process A/B
+  // (session 28, fp16, against the default then): the seed's S=1024 -3 %, B=2 H=16 S=1024 -6.5 %,
+  // B=8 H=12 S=1024 -8 %, the seed's S=2048 -9 %, B=4 H=16 S=4096 -9 %, B=2 H=16 S=8192 -9 %,
+  // BERT's S=512 -4 %; one tile (B=8 H=12 S=256) +10 %, 64 tiles (B=1 H=16 S=16384) level: hence 2
+  // to 32 (Plan::seq_wide_tiles).
   if (kD == 64 && plan.seq_wide_tiles > 0 && (mode == hopper::kPlain || mode == hopper::kPlainSeq) &&
       a.sk_count == nullptr && whole_visible_tiles(WideCfg::kBN) && a.seq_k >= 2 * WideCfg::kBN &&
       a.seq_k <= static_cast<int64_t>(plan.seq_wide_tiles) * WideCfg::kBN)
