@@ -102,7 +102,6 @@ enum class Switch : int {
   kHopperDvBucket,      // OPSFUSE_CUDA_HOPPER_DV_BUCKET
   kHopperD192,          // OPSFUSE_CUDA_HOPPER_D192
   kHopperFast,          // OPSFUSE_CUDA_HOPPER_FAST
-  kHopperDirect,        // OPSFUSE_CUDA_HOPPER_DIRECT
   kDecodeSplits,        // OPSFUSE_CUDA_DECODE_SPLITS
   kDecodeNoCluster,     // OPSFUSE_CUDA_DECODE_NO_CLUSTER
   kDecodeL2Promotion,   // OPSFUSE_CUDA_DECODE_L2_PROMOTION
@@ -179,8 +178,6 @@ struct Plan {
   bool fast_plain = true;      // kHopper: plain D = 128 launches whose key tiles are all whole and visible
                                // in the kernel without the code they never run (kPlainFast, launch_hopper;
                                // OPSFUSE_CUDA_HOPPER_FAST=0: never)
-  bool direct_first = true;    // kHopper: the in-sequence kernels' first Q / K / V tiles by plain copies, not
-                               // TMA (first_tiles.cuh, launch_hopper; OPSFUSE_CUDA_HOPPER_DIRECT=0: never)
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
   bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };

@@ -614,54 +614,6 @@ def test_short_items_on_wide_tiles(dtype, case, monkeypatch):
         assert_within_2x_torch(outs[name], q, k, v, what=f"{name} tiles {case} (seed {seed})")
 
 
-DIRECT_CASES = {
-    # name: (b, hq, hkv, sq, sk, d, dv), attrs, key_lengths, inputs as (B, S, H, D) memory viewed as
-    # (B, H, S, D); launches the in-sequence kernels take, whose first tiles the producer copies
-    "seed_s1024_wide": ((1, 12, 12, 1024, 1024, 64, 64), {}, None, False),  # kPlainSeqWide, one round
-    "seed_s128": ((1, 12, 12, 128, 128, 64, 64), {}, None, False),  # kPlainSeq, one key tile
-    "sq97_sk97_gqa3": ((2, 6, 2, 97, 97, 64, 64), {}, None, False),  # partial Q rows and key tile
-    "causal2_kl": ((3, 10, 5, 200, 450, 64, 64), {"is_causal": 2}, [450, 0, 131], False),  # items without keys
-    "persistent_s512": ((8, 12, 12, 512, 512, 64, 64), {}, None, False),  # later rounds by TMA
-    "d128_causal1_gqa2_sk500": ((2, 8, 4, 300, 500, 128, 128), {"is_causal": 1}, None, False),
-    "bshd_views_s512": ((2, 4, 4, 300, 512, 64, 64), {}, None, True),  # row stride H x D
-}
-
-
-@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("case", sorted(DIRECT_CASES))
-def test_first_tiles_by_plain_copies(dtype, case, monkeypatch):
-    """The in-sequence kernels' first Q, K and V tiles copied by the producer threads (by default)
-    against the same launch loading them by TMA (OPSFUSE_CUDA_HOPPER_DIRECT=0): the copies must put
-    the same bytes where TMA does (the swizzle, zeros past the last row or key, any row stride), so
-    the outputs are bitwise equal, and within the 2x rule."""
-    cuda = require_cuda_module()
-    import torch
-
-    (b, hq, hkv, sq, sk, d, dv), attrs, lengths, bshd = DIRECT_CASES[case]
-    rng, seed = fresh_rng()
-    q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
-    kl = None if lengths is None else np.asarray(lengths, dtype=np.int32)
-
-    def device(x):
-        t = to_device(x)
-        return t.transpose(1, 2).contiguous().transpose(1, 2) if bshd else t
-
-    tq, tk, tv = device(q), device(k), device(v)
-    tl = None if kl is None else torch.from_numpy(kl).to("cuda")
-    outs = {}
-    for name, env in {"copies": {}, "tma": {"OPSFUSE_CUDA_HOPPER_DIRECT": "0"}}.items():
-        with monkeypatch.context() as m:
-            for key, value in env.items():
-                m.setenv(key, value)
-            out = poisoned((b, hq, sq, dv), dtype)
-            cuda.fused_attention(tq, tk, tv, None, tl, out=out, **attrs)
-            torch.cuda.synchronize()
-            outs[name] = to_numpy(out, dtype)
-    assert_same_bits(outs, seed)
-    assert_within_2x_torch(outs["copies"], q, k, v, None, kl, None, attrs.get("is_causal", 0),
-                           what=f"first tiles by plain copies {case} (seed {seed})")
-
-
 @pytest.mark.parametrize("graph", [False, True], ids=["stream", "graph"])
 @pytest.mark.parametrize("d,causal", [(64, 0), (128, 1)], ids=["d64", "d128_causal"])
 def test_dependent_launches_order_reads_and_writes(d, causal, graph, monkeypatch):

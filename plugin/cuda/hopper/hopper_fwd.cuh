@@ -102,7 +102,6 @@
 #include <cuda.h>  // CUtensorMap (types only: nothing links libcuda)
 
 #include "../kernel_common.cuh"
-#include "first_tiles.cuh"
 #include "hopper_config.h"
 #include "hopper_modes.h"
 #include "mask_tiles.cuh"
@@ -134,8 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                       const __grid_constant__ CUtensorMap tm_y, const int pingpong, const int n_work,
-                      const int splits, const int mask_classes, const int tail_round, const int tma_store,
-                      const int direct_first) {
+                      const int splits, const int mask_classes, const int tail_round, const int tma_store) {
   using Cfg = ModeConfig<kD, kMode, kDv>;
   static_assert(kDv == kD || kD > 128, "a V bucket of its own: latent attention's kernels only (D > 128)");
   static_assert(kD % 64 == 0 && kD <= 256, "Q / K: whole 64-column regions");
@@ -425,39 +423,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   grid_dependency_wait();
   launch_dependents();
 
-  // The first item's Q, K and V tiles by plain copies (direct_first, first_tiles.cuh; the
-  // in-sequence kernels only, launch_hopper: static order, unsplit, head sizes of the bucket), so
-  // that the first S product does not wait for the tensor maps' descriptors. The producer
-  // warpgroup's 128 threads issue every copy, then arrive asynchronously on the three barriers:
-  // each phase completes only once all of the block's copies have landed (so the consumers' one
-  // proxy fence after their wait for Q covers K and V too). Once all threads have issued (named
-  // barrier 6), one plain arrive per barrier stands for the loading thread's TMA arrival: the
-  // barriers' phases are those of a launch without the copies, and the loading thread skips these
-  // tiles (loads_q, and stage 0's first use below).
-  const int w_first = item_of(0);
-  const bool direct_q = kSeq && direct_first != 0 && w_first < n_work;
-  if (direct_q && tid < 128) {
-    const Work wk = work_of(w_first, 1);
-    const bool kv = wk.t_begin < wk.t_end;
-    const char* q = static_cast<const char*>(a.q) + 2 * (wk.b * a.q_stride[0] + wk.h * a.q_stride[1] + wk.row0 * a.q_stride[2]);
-    copy_tile_swizzled<kBM, kRegions>(sQ, q, 2 * a.q_stride[2], a.seq_q - wk.row0, tid);
-    if (kv) {
-      const int key0 = wk.t_begin * kBN;
-      const char* k = static_cast<const char*>(a.k) + 2 * (wk.b * a.k_stride[0] + wk.hk * a.k_stride[1] + key0 * a.k_stride[2]);
-      const char* v = static_cast<const char*>(a.v) + 2 * (wk.b * a.v_stride[0] + wk.hk * a.v_stride[1] + key0 * a.v_stride[2]);
-      copy_tile_swizzled<kBN, kRegions>(sK, k, 2 * a.k_stride[2], a.seq_k - key0, tid);
-      copy_tile_swizzled<kBN, kVRegions>(sV, v, 2 * a.v_stride[2], a.seq_k - key0, tid);
-      cp_async_arrive(bar_kfull(0));
-      cp_async_arrive(bar_vfull(0));
-    }
-    cp_async_arrive(bar_q(0));
-    asm volatile("bar.sync 6, 128;\n" ::: "memory");
-    if (tid == 0) {
-      mbar_arrive(bar_q(0));
-      if (kv) mbar_arrive(bar_kfull(0)), mbar_arrive(bar_vfull(0));
-    }
-  }
-
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   if (wg == 0) {
     // ---- producer ----
@@ -533,8 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_wait(bar_sched(round), slot_parity(round));
           w = *reinterpret_cast<volatile int*>(&item_slot[round % kSlots]);
         }
-        // kEarlyQ: the work thread loads later rounds' Q; direct_first: round 0's was copied.
-        const bool loads_q = (!kEarlyQHere || round == 0) && !(direct_q && round == 0);
+        const bool loads_q = !kEarlyQHere || round == 0;  // kEarlyQ: the work thread loads later rounds' Q
         // The Q buffer's previous item (round - kQBuffers) released it after its last S = Q K^T.
         auto wait_q_free = [&] {
           if (loads_q && round >= kQBuffers) mbar_wait(bar_qempty(round), q_parity(round - kQBuffers));
@@ -570,7 +534,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kSlotBars && round > 0 && it < wk.t_end) load_kv(it++), ++kv;
         if constexpr (kSlotBars) wait_q_free();
         if (loads_q) load_q(round, wk);
-        if (direct_q && round == 0 && it < wk.t_end) ++it, ++kv;  // stage 0's first use: copied (direct_first)
         for (; it < wk.t_end; ++it, ++kv) load_kv(it);
       }
     }
@@ -1270,9 +1233,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     mbar_wait(bar_q(round), q_parity(round));
-    // direct_first: round 0's tiles came through the generic proxy (cp.async), and wgmma reads them
-    // through the async proxy. Q's phase completed after every copy of the block had landed.
-    if (kSeq && direct_first != 0 && round == 0) fence_proxy_async_smem();
     OPSFUSE_HOPPER_STAMP(1);  // Q is in
     __syncwarp();
     if (add_q_bias) {

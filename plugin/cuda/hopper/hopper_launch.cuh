@@ -216,14 +216,6 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // Programmatic dependent launch (plan.pdl): the blocks may start, set up their barriers and
   // prefetch the tensor maps while the previous kernel in the stream finishes; the kernel waits
   // for that kernel's completion before any global access (grid_dependency_wait()).
-  // The first item's tiles by plain copies (plan.direct_first, first_tiles.cuh): the in-sequence
-  // kernels, in the static order, unsplit, where Q, K and V have the bucket's head sizes (whole
-  // 64-column regions; the tensor maps took their bases and strides, so the copies can too).
-  const int direct_first = plan.direct_first && (mode == hopper::kPlainSeq || mode == hopper::kPlainSeqWide) &&
-                                   a.head_dim == kD && a.head_dim_v == kDv && a.tile_counter == nullptr &&
-                                   a.sk_count == nullptr && splits == 1 && !tail
-                               ? 1
-                               : 0;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = plan.pdl ? 1 : 0;
@@ -242,7 +234,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
     cfg.gridDim = dim3(static_cast<unsigned>(blocks_launched), 1, 1);
     cfg.numAttrs = clusters ? 2 : 1;
     const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a, tq, tk, tv, ty, pingpong, static_cast<int>(blocks),
-                                             key_splits, mask_classes, tail_round, tma_store, direct_first);
+                                             key_splits, mask_classes, tail_round, tma_store);
     return e != cudaSuccess ? e : cudaGetLastError();
   };
   auto launch_plain = [&] { return launch(grid, false, 1, INT_MAX); };
