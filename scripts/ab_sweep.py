@@ -118,7 +118,14 @@ CHAIN8 = [(8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.float1
 # missed point), S=2048 and 4096 (the chain by default)
 LEAN = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.float16, 0),
         (8, 16, 2048, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 0)]
-GRIDS = {"prefill": PREFILL, "prefill256": PREFILL256, "general256": GENERAL256, "general": GENERAL, "d64": D64, "pshort": PSHORT, "pquick": PQUICK, "causal": CAUSAL, "items": ITEMS,
+# three: one-round D = 64 launches over 3-8 whole key tiles whose 64-row items outnumber the SMs, where
+# the three-consumer kernel applies (kPlainSeq3, session 51, OPSFUSE_CUDA_HOPPER_SEQ3=1): the seed's
+# S=1024 in fp16 and bf16, 16 heads of 1024 and 768 keys, 24 of 512, 40 of 384; the seed's S=2048
+# (a persistent grid, untouched) as the control
+THREE = [(1, 12, 1024, 64, torch.float16, 0), (1, 12, 1024, 64, torch.bfloat16, 0), (1, 16, 1024, 64, torch.float16, 0),
+         (1, 16, 768, 64, torch.float16, 0), (1, 24, 512, 64, torch.float16, 0), (1, 40, 384, 64, torch.float16, 0),
+         (1, 12, 2048, 64, torch.float16, 0)]
+GRIDS = {"prefill": PREFILL, "three": THREE, "prefill256": PREFILL256, "general256": GENERAL256, "general": GENERAL, "d64": D64, "pshort": PSHORT, "pquick": PQUICK, "causal": CAUSAL, "items": ITEMS,
          "seed": SEED, "rate": RATE, "short": SHORT, "wide": WIDE, "widelong": WIDELONG,
          "seqtiles": SEQTILES, "seq128": SEQ128, "short128": SHORT128, "probe128": PROBE128, "chain8": CHAIN8, "lean": LEAN}
 MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("decode", *GRIDS) else "decode"

@@ -56,6 +56,9 @@
 //   OPSFUSE_CUDA_HOPPER_FAST=0     (A/B, tests) plain D = 128 launches whose key tiles are all whole
 //                                  and visible in kPlain (or the chain) instead of kPlainFast
 //                                  (launch_hopper).
+//   OPSFUSE_CUDA_HOPPER_SEQ3=1     (A/B, tests) one-round plain launches at D = 64 over 3 to 8 whole,
+//                                  visible 128-key tiles in the three-consumer kernel (kPlainSeq3,
+//                                  hopper/hopper_seq3.cuh; Plan::three_consumers).
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -165,7 +168,7 @@ Switches read_switches() {
       "HOPPER_TAIL_SPLIT", "HOPPER_MASK_PAIRS",  "HOPPER_PINGPONG", "HOPPER_MASK_CLASSES", "HOPPER_TMA_STORE",
       "HOPPER_DYNAMIC",    "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT",     "HOPPER_CHAIN",
       "HOPPER_PDL",        "HOPPER_SEQ",        "HOPPER_SEQ_D128", "HOPPER_SEQ_WIDE",     "HOPPER_DV_BUCKET",
-      "HOPPER_D192",       "HOPPER_FAST",
+      "HOPPER_D192",       "HOPPER_FAST",        "HOPPER_SEQ3",
       "DECODE_SPLITS",     "DECODE_NO_CLUSTER",
       "DECODE_L2_PROMOTION", "DECODE_EVICT_FIRST"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Switch::kCount),
@@ -573,6 +576,11 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   plan.mask_pairs = !sw.is(Switch::kHopperMaskPairs, '0');
   plan.tma_store = !sw.is(Switch::kHopperTmaStore, '0');
   plan.fast_plain = !sw.is(Switch::kHopperFast, '0');
+  // One round (every item its own SM at once): where the three-consumer kernel's shorter chain of
+  // key-tile steps per item is the block's whole time.
+  plan.three_consumers = plan.kind == KernelKind::kHopper && sw.is(Switch::kHopperSeq3, '1') && plan.persistent == 0 &&
+                         plan.cluster == 1 && !plan.wg_split &&
+                         static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q <= dev.sms;
   if (const char* chain = sw.get(Switch::kHopperChain)) {
     const int n = std::max(0, std::atoi(chain));
     if (n != 1) plan.chain_tiles = plan.chain_tiles_causal = n;  // 1: on, as by default

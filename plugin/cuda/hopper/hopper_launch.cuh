@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "hopper_fwd.cuh"
+#include "hopper_seq3.cuh"
 
 namespace opsfuse::cuda::detail {
 
@@ -122,6 +123,15 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // plan.fast_plain, OPSFUSE_CUDA_HOPPER_FAST=0: never). The H100's same-process A/B (session 45,
   // B=8 H=16 bf16 / fp16): S=1024 -3 to -5 %; S=2048 and 4096 -3 to -4 % against kPlain.
   if (fast_plain && mode == hopper::kPlain) mode = hopper::kPlainFast;
+  // Three consumer warpgroups (kPlainSeq3, hopper_seq3.cuh): a one-round launch (choose_plan's
+  // plan.three_consumers) that the in-sequence kernels took, over 3 to 8 whole, visible 128-key tiles,
+  // without Q / V biases (the kernel adds none) and with Y through TMA stores (its only store path).
+  const int seq3_tail = hopper::Seq3::tail_tiles(static_cast<int>(a.seq_k / Cfg::kBN));
+  if (kD == 64 && plan.three_consumers && (mode == hopper::kPlainSeq || mode == hopper::kPlainSeqWide) &&
+      whole_visible_tiles(Cfg::kBN) && a.seq_k <= 8 * Cfg::kBN && seq3_tail > 0 && tma_store &&
+      a.q_bias == nullptr && a.v_bias == nullptr && a.sk_count == nullptr && a.tile_counter == nullptr &&
+      plan.cluster == 1 && !plan.wg_split && (plan.persistent <= 0 || blocks <= plan.persistent))
+    mode = hopper::kPlainSeq3;
   const bool wide = mode == hopper::kPlainSeqWide;
   const int keys_per_tile = wide ? WideCfg::kBN : Cfg::kBN;
   const int smem_bytes = wide ? WideCfg::kSmem : Cfg::kSmem;
@@ -129,6 +139,27 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   if (!hopper_encode_map(&tk, a.k, kBf16, a.head_dim, a.seq_k, a.heads_kv, a.batch, a.k_stride, keys_per_tile) ||
       !hopper_encode_map(&tv, a.v, kBf16, a.head_dim_v, a.seq_k, a.heads_kv, a.batch, a.v_stride, keys_per_tile))
     return cudaErrorNotSupported;  // nothing launched: the launcher falls back to the portable kernel
+  if (mode == hopper::kPlainSeq3) {
+    if constexpr (kD == 64) {
+      // Its own kernel: one block of 512 threads per item, no clusters, no persistent rounds.
+      record_hopper_mode(mode);
+      const auto seq3 = hopper::hopper_seq3_kernel<T>;
+      cudaError_t err = ensure_smem(seq3, hopper::Seq3::kSmem, smem_done[mode]);
+      if (err != cudaSuccess) return err;
+      cudaLaunchAttribute pdl;
+      pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      pdl.val.programmaticStreamSerializationAllowed = plan.pdl ? 1 : 0;
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>(blocks), 1, 1);
+      cfg.blockDim = dim3(hopper::Seq3::kThreads, 1, 1);
+      cfg.dynamicSmemBytes = hopper::Seq3::kSmem;
+      cfg.stream = stream;
+      cfg.attrs = &pdl;
+      cfg.numAttrs = 1;
+      err = cudaLaunchKernelEx(&cfg, seq3, a, tq, tk, tv, ty, seq3_tail);
+      return err != cudaSuccess ? err : cudaGetLastError();
+    }
+  }
   auto kernel = [&] {
     if constexpr (kD == 256) {
       return mode == hopper::kPlain ? hopper::hopper_fwd_kernel<T, kD, hopper::kPlain, kDv>

@@ -43,6 +43,10 @@ namespace opsfuse::cuda::detail::hopper {
 //             measured S=1024 -3 to -5 % against kPlain, S=2048 / 4096 (chaining off) -3 to -4 %.
 //             It takes these launches before kPlainChain too (S=2048 -0.9 % against the chain,
 //             S=4096 level; session 46), which keeps causal ones and those with a partial last tile.
+//  kPlainSeq3  kPlainSeq at D = 64 in a kernel of its own (hopper_seq3.cuh: hopper_seq3_kernel, 512
+//             threads) whose third consumer warpgroup takes the last key tiles of both 64-row strips,
+//             so that an item's critical path is fewer steps (launch_hopper: one-round launches of
+//             3 to 8 whole, visible 128-key tiles, Plan::three_consumers).
 enum Mode : int {
   kPlain = 0,
   kGeneral = 1,
@@ -52,8 +56,9 @@ enum Mode : int {
   kPlainChain = 5,
   kPlainSeq = 6,
   kPlainSeqWide = 7,
-  kPlainFast = 8
+  kPlainFast = 8,
+  kPlainSeq3 = 9
 };
-constexpr int kModes = 9;
+constexpr int kModes = 10;
 
 }  // namespace opsfuse::cuda::detail::hopper

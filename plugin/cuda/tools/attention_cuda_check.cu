@@ -78,6 +78,8 @@ struct Case {
                      // (wide_allowed)
   int fast = 0;      // Hopper cases: 1 = the Hopper pass must have taken the kernel for whole, visible
                      // key tiles (kPlainFast) exactly where its rule allows (fast_allowed)
+  int seq3 = 0;      // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_SEQ3=1 (the three-consumer kernel,
+                     // kPlainSeq3), which must have run exactly where its rule allows (seq3_allowed)
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -324,6 +326,7 @@ void set_schedule_switches(const Case& c) {
   if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
   if (c.wg_split) setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "1", 1);
   if (c.wide > 0) setenv("OPSFUSE_CUDA_HOPPER_SEQ_WIDE", std::to_string(c.wide).c_str(), 1);
+  if (c.seq3) setenv("OPSFUSE_CUDA_HOPPER_SEQ3", "1", 1);
 }
 
 // An environment variable's value as the caller set it ("" when unset), and putting it back.
@@ -348,6 +351,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   const std::string sched_env = env_value("OPSFUSE_CUDA_HOPPER_SCHED_HEADS");
   const std::string wg_env = env_value("OPSFUSE_CUDA_HOPPER_WG_SPLIT");
   const std::string wide_env = env_value("OPSFUSE_CUDA_HOPPER_SEQ_WIDE");
+  const std::string seq3_env = env_value("OPSFUSE_CUDA_HOPPER_SEQ3");
   for (int pass = 0; pass < 2; ++pass) {
     // Pass 0: the Hopper kernel also where the portable plan would split the keys (small grids).
     if (pass == 0) {
@@ -367,6 +371,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       if (c.stream_k) restore_env("OPSFUSE_CUDA_HOPPER_STREAM_K", sk_env);
       if (c.wg_split) restore_env("OPSFUSE_CUDA_HOPPER_WG_SPLIT", wg_env);
       if (c.wide > 0) restore_env("OPSFUSE_CUDA_HOPPER_SEQ_WIDE", wide_env);
+      if (c.seq3) restore_env("OPSFUSE_CUDA_HOPPER_SEQ3", seq3_env);
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
     }
@@ -428,6 +433,20 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   // without a tail split (more than 1.5 rounds of items on 132 SMs, or one round).
   const bool fast_allowed = fast_shape && c.Sk / 128 > seq_limit;
   expect_mode(c.fast != 0, opsfuse::cuda::detail::hopper::kPlainFast, fast_allowed, "whole visible key tiles",
+              "taken where its rule does not allow it");
+  // Three consumer warpgroups (kPlainSeq3): plain D <= 64 launches without causal, key_lengths or
+  // biases over 3 to 8 whole 128-key tiles, unsplit, whose 128-row items fit one round on the
+  // device's SMs but whose 64-row items do not (those take the warpgroup split), with Y through TMA
+  // stores (launch_hopper, choose_plan).
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int64_t items = static_cast<int64_t>((c.Sq + 127) / 128) * c.B * c.Hq;
+  const int64_t half_items = static_cast<int64_t>((c.Sq + 63) / 64) * c.B * c.Hq;
+  const bool seq3_allowed = !wide && c.causal == 0 && c.key_lengths == 0 && c.mask == MaskKind::kNone &&
+                            !(c.softcap > 0.0f) && c.bias == 0 && c.splits == 0 && c.tail == 0 && c.stream_k == 0 &&
+                            c.wg_split == 0 && c.persist == 0 && c.Sk % 128 == 0 && c.Sk >= 3 * 128 &&
+                            c.Sk <= 8 * 128 && items <= sms && half_items > sms && env_value("OPSFUSE_CUDA_HOPPER_TMA_STORE") != "0";
+  expect_mode(c.seq3 != 0, opsfuse::cuda::detail::hopper::kPlainSeq3, seq3_allowed, "three consumer warpgroups",
               "taken where its rule does not allow it");
   return ok;
 }
@@ -746,6 +765,21 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 fast not kl32 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 0, 0.f, N, 0, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 fast 16 tiles 2048", H, 2, 16, 8, 1024, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d128 fast not streamk 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1},
+      // Three consumer warpgroups (kPlainSeq3, OPSFUSE_CUDA_HOPPER_SEQ3=1 by the last field; it must
+      // run exactly where its rule allows): the seed's S=1024 (96 items of 8 tiles, 2 in the third
+      // warpgroup's tail); GQA 3 with a partial last row tile over 6 tiles; D = 40 over 3 tiles (a tail
+      // of 1); 5 tiles (each with more 64-row items than SMs: fewer take the warpgroup split); and where it must not run: Sk = 1000 (a key limit inside the
+      // last tile), 2 tiles, 9 tiles, more items than SMs (768), causal, Q and V biases.
+      {"hop f16 d64 seq3 seed 12x1024", H, 1, 12, 12, 1024, 1024, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d64 seq3 gqa3 Sq600 768", BF, 2, 12, 4, 600, 768, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d40 seq3 quick 30x300x384", H, 1, 30, 30, 300, 384, 40, 40, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d64 seq3 5 tiles 16x1000x640", BF, 1, 16, 16, 1000, 640, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d64 seq3 not 1000", H, 1, 12, 12, 1000, 1000, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d64 seq3 not 2 tiles", H, 1, 12, 12, 256, 256, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d64 seq3 not 9 tiles", BF, 1, 12, 12, 1024, 1152, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d64 seq3 not 768 items", H, 8, 12, 12, 1024, 1024, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop f16 d64 seq3 not causal1", H, 1, 12, 12, 1024, 1024, 64, 64, 1, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"hop bf16 d64 seq3 not bias", BF, 1, 12, 12, 1024, 1024, 64, 64, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1},
       // Small grids whose portable plan splits the keys (<= 66 blocks, >= 8 key tiles of 64): the
       // Hopper kernel must take them where their rows fill its items for a third of the SMs
       // (hopper_eligible): 128 items of 64 rows (the warpgroup split) at D = 128, 64 at D = 64, 64
@@ -842,7 +876,7 @@ int main(int argc, char** argv) {
                                 "hop f16 d40/80 bias split2 causal2", "hop f16 d64 bias tail 140x64",
                                 "hop f16 d64 bias softcap boolmask", "hop bf16 d128 wgsplit 3 tiles gqa3",
                                 "hop f16 d128 chain quick 270x2100", "hop f16 d128 chain quick causal1 136x1024",
-                                "hop f16 d128 fast quick 280x640",
+                                "hop f16 d128 fast quick 280x640", "hop f16 d40 seq3 quick 30x300x384",
                                 "hop f16 d64 seq seed 12x128",
                                 "hop f16 d96 seq causal1 gqa2 300", "hop f16 d64 wide split2 gqa2 768",
                                 "hop bf16 d40 wide Sq97 gqa3 512", "hop f16 d192/128 latent addmask softcap kl32",
