@@ -629,16 +629,18 @@ SEQ3_CASES = {
 def test_three_consumer_warpgroups(dtype, case, monkeypatch):
     """The three-consumer kernel (kPlainSeq3, OPSFUSE_CUDA_HOPPER_SEQ3=1: a third warpgroup takes the
     last key tiles of both 64-row strips, merged in shared memory) within the 2x rule, as the default
-    kernel for the same launch is; a repeat gives the same bits (the merge's order is fixed). (That
-    it ran is the check driver's to assert: its seq3 cases fail on any other mode.)"""
+    kernel for the same launch is; a repeat, and a launch without the strip warpgroups' pingpong
+    turns (OPSFUSE_CUDA_HOPPER_PINGPONG=0: the same arithmetic in another interleaving), give the
+    same bits. (That it ran is the check driver's to assert: its seq3 cases fail on any other mode.)"""
     require_cuda_module()
     b, hq, hkv, sq, sk, d, dv = SEQ3_CASES[case]
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
     three = {"OPSFUSE_CUDA_HOPPER_SEQ3": "1"}
-    envs = {"three": three, "three_again": three, "default": {"OPSFUSE_CUDA_HOPPER_SEQ3": "0"}}
+    envs = {"three": three, "three_again": three, "three_no_turns": {**three, "OPSFUSE_CUDA_HOPPER_PINGPONG": "0"},
+            "default": {"OPSFUSE_CUDA_HOPPER_SEQ3": "0"}}
     outs = outputs_under(monkeypatch, envs, q, k, v)
-    assert_same_bits({name: outs[name] for name in ("three", "three_again")}, seed)
+    assert_same_bits({name: outs[name] for name in ("three", "three_again", "three_no_turns")}, seed)
     for name in ("three", "default"):
         assert_within_2x_torch(outs[name], q, k, v, what=f"{name} {case} (seed {seed})")
 

@@ -156,7 +156,7 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       cfg.stream = stream;
       cfg.attrs = &pdl;
       cfg.numAttrs = 1;
-      err = cudaLaunchKernelEx(&cfg, seq3, a, tq, tk, tv, ty, seq3_tail);
+      err = cudaLaunchKernelEx(&cfg, seq3, a, tq, tk, tv, ty, seq3_tail, plan.pingpong ? 1 : 0);
       return err != cudaSuccess ? err : cudaGetLastError();
     }
   }

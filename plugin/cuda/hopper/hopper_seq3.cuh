@@ -16,6 +16,8 @@
 //    0 .. A - 1 in sequence (S, softmax, P V, as kPlainSeq's step), then the fold and the store.
 //  - warpgroup 3 (consumer cw 2): strip 0's tail tiles, its partial out (named barrier 8), then
 //    strip 1's (named barrier 9).
+//  Named barriers: 2 and 3 the strip warpgroups' pingpong turns, 4 and 5 their stores, 8 and 9 the
+//  partials.
 // 24 x 128 + 160 x 384 registers fit the SM's 65,536; the narrow step keeps S (64), O (32) and P
 // (32) live, within 160 (a probe kernel held 150 live floats per thread without spilling, session 50).
 // No masks, softcap, key_lengths, causal, biases or splits: launch_hopper takes this kernel only where
@@ -53,7 +55,7 @@ template <typename T>
 __global__ void __launch_bounds__(Seq3::kThreads, 1)
     hopper_seq3_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                       const __grid_constant__ CUtensorMap tm_y, const int n_tail) {
+                       const __grid_constant__ CUtensorMap tm_y, const int n_tail, const int pingpong) {
   constexpr int kStages = Seq3::kStages;
   constexpr int kTile = Seq3::kTileBytes;
   extern __shared__ uint8_t smem_raw[];
@@ -152,11 +154,29 @@ __global__ void __launch_bounds__(Seq3::kThreads, 1)
     m_run[0] = m_run[1] = -INFINITY;
     l_run[0] = l_run[1] = 0.0f;
   };
+  // Pingpong between the strip warpgroups (`pingpong` != 0, kPlainSeq's turns): their softmaxes take
+  // turns -- named barrier 2 + cw is "my turn", passed by the other after its softmax -- so that one's
+  // softmax runs beside the other's products rather than in step with it. Both walk the same n_strip
+  // tiles: warpgroup 1 opens (an arrive on warpgroup 0's barrier) and skips its last pass, so every
+  // arrive meets one sync. The third warpgroup takes no turns.
+  const bool pp = pingpong != 0 && cw < 2;
+  auto turn_wait = [&] {
+    if (!pp) return;
+    if (cw == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    else asm volatile("bar.sync 3, 256;\n" ::: "memory");
+  };
+  auto turn_pass = [&](bool last) {
+    if (!pp) return;
+    if (cw == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+    else if (!last) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  };
+  if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
   // One key tile for the strip whose Q rows start at q_strip: S = Q K^T, the online softmax (every
   // key visible: raw q.k, the scale folded into the exponent), O = O alpha + P V, each product
-  // waited for. kempty / vempty: the ring stage's release (0: a tail tile, never released).
+  // waited for. kempty / vempty: the ring stage's release (0: a tail tile, never released); last:
+  // the warpgroup's last ring tile (its last turn).
   auto step = [&](uint32_t q_strip, uint32_t kb, uint32_t vb, uint32_t kfull, uint32_t vfull, uint32_t parity,
-                  uint32_t kempty, uint32_t vempty) {
+                  uint32_t kempty, uint32_t vempty, bool last) {
     mbar_wait(kfull, parity);
     __syncwarp();
     wgmma_fence();
@@ -168,6 +188,7 @@ __global__ void __launch_bounds__(Seq3::kThreads, 1)
     wgmma_wait<0>();
     reg_fence(s);
     if (kempty != 0 && lane == 0) mbar_arrive(kempty);
+    turn_wait();
     const float c = a.scale_log2;
     float alpha[2];
 #pragma unroll
@@ -208,6 +229,7 @@ __global__ void __launch_bounds__(Seq3::kThreads, 1)
       p[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
       p[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
     }
+    turn_pass(last);
     mbar_wait(vfull, parity);
     __syncwarp();
     wgmma_fence();
@@ -232,7 +254,7 @@ __global__ void __launch_bounds__(Seq3::kThreads, 1)
       reset();
 #pragma unroll 1
       for (int e = 0; e < n_tail; ++e)
-        step(sQ + strip * 64 * 128, sXK + e * kTile, sXV + e * kTile, bar_xk(e), bar_xv(e), 0u, 0u, 0u);
+        step(sQ + strip * 64 * 128, sXK + e * kTile, sXV + e * kTile, bar_xk(e), bar_xv(e), 0u, 0u, 0u, false);
 #pragma unroll
       for (int c = 0; c < 8; ++c)
         asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(part_addr(strip, c)), "f"(o[4 * c]),
@@ -254,7 +276,7 @@ __global__ void __launch_bounds__(Seq3::kThreads, 1)
   for (int i = 0; i < n_strip; ++i) {
     const int st = i % kStages;
     step(q_strip, sK + st * kTile, sV + st * kTile, bar_kfull(st), bar_vfull(st),
-         static_cast<uint32_t>((i / kStages) & 1), bar_kempty(st), bar_vempty(st));
+         static_cast<uint32_t>((i / kStages) & 1), bar_kempty(st), bar_vempty(st), i == n_strip - 1);
   }
   if (cw == 0) asm volatile("bar.sync 8, 256;\n" ::: "memory");
   else asm volatile("bar.sync 9, 256;\n" ::: "memory");
