@@ -119,7 +119,7 @@ CHAIN8 = [(8, 16, 1024, 128, torch.bfloat16, 1), (8, 16, 1024, 128, torch.float1
 LEAN = [(8, 16, 1024, 128, torch.bfloat16, 0), (8, 16, 1024, 128, torch.float16, 0),
         (8, 16, 2048, 128, torch.bfloat16, 0), (8, 16, 4096, 128, torch.bfloat16, 0)]
 # three: one-round D = 64 launches over 3-8 whole key tiles whose 64-row items outnumber the SMs, where
-# the three-consumer kernel applies (kPlainSeq3, session 51, OPSFUSE_CUDA_HOPPER_SEQ3=1): the seed's
+# the three-consumer kernel applies (kPlainSeq3, session 51; A/B against OPSFUSE_CUDA_HOPPER_SEQ3=0): the seed's
 # S=1024 in fp16 and bf16, 16 heads of 1024 and 768 keys, 24 of 512, 40 of 384; the seed's S=2048
 # (a persistent grid, untouched) as the control
 THREE = [(1, 12, 1024, 64, torch.float16, 0), (1, 12, 1024, 64, torch.bfloat16, 0), (1, 16, 1024, 64, torch.float16, 0),

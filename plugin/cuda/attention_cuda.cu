@@ -56,9 +56,10 @@
 //   OPSFUSE_CUDA_HOPPER_FAST=0     (A/B, tests) plain D = 128 launches whose key tiles are all whole
 //                                  and visible in kPlain (or the chain) instead of kPlainFast
 //                                  (launch_hopper).
-//   OPSFUSE_CUDA_HOPPER_SEQ3=1     (A/B, tests) one-round plain launches at D = 64 over 3 to 8 whole,
-//                                  visible 128-key tiles in the three-consumer kernel (kPlainSeq3,
-//                                  hopper/hopper_seq3.cuh; Plan::three_consumers).
+//   OPSFUSE_CUDA_HOPPER_SEQ3=0     (A/B, tests) one-round plain launches at D <= 64 over 3 to 8 whole,
+//                                  visible 128-key tiles in the two-consumer in-sequence kernels
+//                                  instead of the three-consumer one (kPlainSeq3,
+//                                  hopper/hopper_seq3.cuh; hopper_three_consumers()).
 //   OPSFUSE_CUDA_HOPPER_DECODE=0   (tests, A/B) decode shapes through the portable decode kernel
 //                                  instead of the sm_90 TMA one (hopper/hopper_decode.cuh).
 // workspace_size() answers for the larger of the portable plan and the Hopper one, so no variable
@@ -373,6 +374,27 @@ struct Persistence {
   return tiles >= 128 && static_cast<double>(rounds * g) >= 1.02 * static_cast<double>(items);
 }
 
+// Hopper three-consumer kernel (hopper_seq3.cuh, kPlainSeq3): a third consumer warpgroup takes the
+// last key tiles of both 64-row strips of a 128-row item, so that the item's chain of key-tile steps,
+// the block's whole time in a launch of one round, is shorter (6 steps of 128 keys instead of 4 of
+// 256, about 7.7, at 8 tiles). Taken for one-round launches (row tiles <= SMs, unsplit, not the
+// warpgroup split, which takes one-round launches of 64-row items) of plain attention at D <= 64 --
+// no mask, softcap, causal or key_lengths, a positive scale -- over 3 to 8 whole 128-key tiles
+// (launch_hopper also needs no Q / V bias in the kernel and Y through TMA stores). The H100's
+// same-process A/B (docs/notes/cuda_kernel.md, session 51; fp16 unless noted): the seed's S=1024
+// 14.4 -> 13.6 µs (bf16 14.3 -> 13.5), 16 heads of 1024 keys -6 %, 16 of 768 -9 %, 24 of 512 -10 %,
+// 40 of 384 -13 %. OPSFUSE_CUDA_HOPPER_SEQ3=0: never.
+[[maybe_unused]] bool hopper_three_consumers(const AttentionParams& p, const DeviceInfo& dev, const Plan& plan,
+                                             const Switches& sw) {
+  if (sw.is(Switch::kHopperSeq3, '0') || plan.bucket != 64 || plan.persistent != 0 || plan.cluster != 1 ||
+      plan.wg_split)
+    return false;
+  if (p.is_causal != 0 || p.key_lengths != nullptr || p.mask_kind != MaskKind::kNone || p.softcap > 0.0f ||
+      !(p.scale > 0.0f) || p.seq_k % 128 != 0 || p.seq_k < 3 * 128 || p.seq_k > 8 * 128)
+    return false;
+  return static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q <= dev.sms;
+}
+
 // Hopper warpgroup key split (hopper_fwd.cuh, kPlainSplit): items of 64 query rows, one block each,
 // whose key tiles the block's two consumer warpgroups take in turn (even / odd), merged in shared
 // memory at the end. For launches of one round, whose time is one block's item: a 128-row item runs
@@ -576,11 +598,7 @@ Plan choose_plan(const AttentionParams& p, const DeviceInfo& dev, const Switches
   plan.mask_pairs = !sw.is(Switch::kHopperMaskPairs, '0');
   plan.tma_store = !sw.is(Switch::kHopperTmaStore, '0');
   plan.fast_plain = !sw.is(Switch::kHopperFast, '0');
-  // One round (every item its own SM at once): where the three-consumer kernel's shorter chain of
-  // key-tile steps per item is the block's whole time.
-  plan.three_consumers = plan.kind == KernelKind::kHopper && sw.is(Switch::kHopperSeq3, '1') && plan.persistent == 0 &&
-                         plan.cluster == 1 && !plan.wg_split &&
-                         static_cast<int64_t>(plan.row_tiles) * p.batch * p.heads_q <= dev.sms;
+  plan.three_consumers = plan.kind == KernelKind::kHopper && hopper_three_consumers(p, dev, plan, sw);
   if (const char* chain = sw.get(Switch::kHopperChain)) {
     const int n = std::max(0, std::atoi(chain));
     if (n != 1) plan.chain_tiles = plan.chain_tiles_causal = n;  // 1: on, as by default
@@ -824,6 +842,7 @@ bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, P
   r.chain_tiles = plan.chain_tiles;
   r.chain_tiles_causal = plan.chain_tiles_causal;
   r.fast_plain = plan.fast_plain;
+  r.three_consumers = plan.three_consumers;
 #ifdef OPSFUSE_CUDA_HOPPER
   r.hopper_compiled = true;
 #endif

@@ -50,6 +50,8 @@ struct PlanSummary {
   int chain_tiles_causal = 0;  // the same for causal launches
   bool fast_plain = false;  // Hopper: plain D = 128 launches whose key tiles are all whole and visible
                             // take the kernel without the code they never run (launch_hopper)
+  bool three_consumers = false;  // Hopper: a one-round launch that the three-consumer kernel may take
+                                 // (launch_hopper: no Q / V bias in the kernel, TMA stores)
   bool hopper_compiled = false;  // whether this build holds the sm_90a kernels at all
 };
 bool describe_plan(const AttentionParams& p, int sms, int smem_per_sm, int cc, PlanSummary* out);

@@ -179,9 +179,9 @@ struct Plan {
   bool fast_plain = true;      // kHopper: plain D = 128 launches whose key tiles are all whole and visible
                                // in the kernel without the code they never run (kPlainFast, launch_hopper;
                                // OPSFUSE_CUDA_HOPPER_FAST=0: never)
-  bool three_consumers = false;  // kHopper: one-round plain launches at D = 64 over 3 to 8 whole 128-key
+  bool three_consumers = false;  // kHopper: one-round plain launches at D <= 64 over 3 to 8 whole 128-key
                                  // tiles in the three-consumer kernel (kPlainSeq3, launch_hopper;
-                                 // choose_plan; OPSFUSE_CUDA_HOPPER_SEQ3=1)
+                                 // hopper_three_consumers(); OPSFUSE_CUDA_HOPPER_SEQ3=0: never)
   int l2_promotion = 1;        // kHopperDecode: K/V tensor maps' L2 promotion (0 none, 1 128 B, 2 256 B)
   bool evict_first = true;     // kHopperDecode: K/V loads with an evict-first L2 policy
 };

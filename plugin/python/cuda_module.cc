@@ -287,6 +287,7 @@ py::dict describe_plan_impl(py::handle q, py::handle k, py::handle v, py::handle
   d["persistent"] = s.persistent;
   d["sched_heads"] = s.sched_heads;
   d["wg_split"] = s.wg_split;
+  d["three_consumers"] = s.three_consumers;
   d["stream_k"] = s.stream_k;
   d["chain_tiles"] = s.chain_tiles;
   d["chain_tiles_causal"] = s.chain_tiles_causal;

@@ -571,9 +571,11 @@ def test_short_items_in_sequence(dtype, case, monkeypatch):
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
     kl = None if lengths is None else np.asarray(lengths, dtype=np.int32)
     # 128-key tiles on both sides (OPSFUSE_CUDA_HOPPER_SEQ_WIDE=0): 256-key ones round differently.
-    envs = {"in_sequence": {"OPSFUSE_CUDA_HOPPER_SEQ_D128": "8", "OPSFUSE_CUDA_HOPPER_SEQ_WIDE": "0"},
+    # The two-consumer kernels also at the three-consumer kernel's shapes (OPSFUSE_CUDA_HOPPER_SEQ3=0).
+    envs = {"in_sequence": {"OPSFUSE_CUDA_HOPPER_SEQ_D128": "8", "OPSFUSE_CUDA_HOPPER_SEQ_WIDE": "0",
+                            "OPSFUSE_CUDA_HOPPER_SEQ3": "0"},
             "overlapped": {"OPSFUSE_CUDA_HOPPER_SEQ": "0", "OPSFUSE_CUDA_HOPPER_SEQ_D128": "0",
-                           "OPSFUSE_CUDA_HOPPER_SEQ_WIDE": "0"}}
+                           "OPSFUSE_CUDA_HOPPER_SEQ_WIDE": "0", "OPSFUSE_CUDA_HOPPER_SEQ3": "0"}}
     outs = outputs_under(monkeypatch, envs, q, k, v, None, kl, **attrs)
     assert_same_bits(outs, seed)
     assert_within_2x_torch(outs["in_sequence"], q, k, v, None, kl, None, attrs.get("is_causal", 0),
@@ -606,8 +608,10 @@ def test_short_items_on_wide_tiles(dtype, case, monkeypatch):
     (b, hq, hkv, sq, sk, d, dv), limit, extra = WIDE_CASES[case]
     rng, seed = fresh_rng()
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
-    wide = {"OPSFUSE_CUDA_HOPPER_SEQ_WIDE": str(limit), **extra}
-    envs = {"wide": wide, "wide_again": wide, "narrow": {"OPSFUSE_CUDA_HOPPER_SEQ_WIDE": "0", **extra}}
+    # The two-consumer kernels also at the three-consumer kernel's shapes (OPSFUSE_CUDA_HOPPER_SEQ3=0).
+    wide = {"OPSFUSE_CUDA_HOPPER_SEQ_WIDE": str(limit), "OPSFUSE_CUDA_HOPPER_SEQ3": "0", **extra}
+    envs = {"wide": wide, "wide_again": wide,
+            "narrow": {"OPSFUSE_CUDA_HOPPER_SEQ_WIDE": "0", "OPSFUSE_CUDA_HOPPER_SEQ3": "0", **extra}}
     outs = outputs_under(monkeypatch, envs, q, k, v)
     assert_same_bits({name: outs[name] for name in ("wide", "wide_again")}, seed)
     for name in ("wide", "narrow"):
@@ -616,7 +620,7 @@ def test_short_items_on_wide_tiles(dtype, case, monkeypatch):
 
 SEQ3_CASES = {
     # name: (b, hq, hkv, sq, sk, d, dv); one-round plain launches at D <= 64 over 3 to 8 whole 128-key
-    # tiles whose 64-row items outnumber the SMs (kPlainSeq3 with OPSFUSE_CUDA_HOPPER_SEQ3=1)
+    # tiles whose 64-row items outnumber the SMs (kPlainSeq3, by default)
     "seed_s1024": (1, 12, 12, 1024, 1024, 64, 64),  # 96 items of 8 tiles: the third warpgroup takes 2
     "gqa3_sq600_sk768": (2, 12, 4, 600, 768, 64, 64),  # 6 tiles, a partial last row tile
     "d40_sk384": (1, 30, 30, 300, 384, 40, 40),  # D off the bucket, 3 tiles: a tail of 1
@@ -627,9 +631,9 @@ SEQ3_CASES = {
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", sorted(SEQ3_CASES))
 def test_three_consumer_warpgroups(dtype, case, monkeypatch):
-    """The three-consumer kernel (kPlainSeq3, OPSFUSE_CUDA_HOPPER_SEQ3=1: a third warpgroup takes the
-    last key tiles of both 64-row strips, merged in shared memory) within the 2x rule, as the default
-    kernel for the same launch is; a repeat, and a launch without the strip warpgroups' pingpong
+    """The three-consumer kernel (kPlainSeq3, the default here: a third warpgroup takes the last key
+    tiles of both 64-row strips, merged in shared memory) within the 2x rule, as the two-consumer
+    kernel for the same launch (OPSFUSE_CUDA_HOPPER_SEQ3=0) is; a repeat, and a launch without the strip warpgroups' pingpong
     turns (OPSFUSE_CUDA_HOPPER_PINGPONG=0: the same arithmetic in another interleaving), give the
     same bits. (That it ran is the check driver's to assert: its seq3 cases fail on any other mode.)"""
     require_cuda_module()
@@ -638,10 +642,10 @@ def test_three_consumer_warpgroups(dtype, case, monkeypatch):
     q, k, v = random_inputs(rng, dtype, b, hq, hkv, sq, sk, d, dv)
     three = {"OPSFUSE_CUDA_HOPPER_SEQ3": "1"}
     envs = {"three": three, "three_again": three, "three_no_turns": {**three, "OPSFUSE_CUDA_HOPPER_PINGPONG": "0"},
-            "default": {"OPSFUSE_CUDA_HOPPER_SEQ3": "0"}}
+            "two": {"OPSFUSE_CUDA_HOPPER_SEQ3": "0"}}
     outs = outputs_under(monkeypatch, envs, q, k, v)
     assert_same_bits({name: outs[name] for name in ("three", "three_again", "three_no_turns")}, seed)
-    for name in ("three", "default"):
+    for name in ("three", "two"):
         assert_within_2x_torch(outs[name], q, k, v, what=f"{name} {case} (seed {seed})")
 
 

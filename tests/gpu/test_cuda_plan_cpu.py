@@ -15,7 +15,7 @@ from cuda_helpers import FakeTensor
 # Every OPSFUSE_CUDA_* switch the heuristic reads: unset for these tests unless a test sets one.
 SWITCHES = ["DISABLE_HOPPER", "FORCE_HOPPER", "HOPPER_PERSISTENT", "HOPPER_SPLITS", "HOPPER_TAIL_SPLIT",
             "HOPPER_DYNAMIC", "HOPPER_SCHED_HEADS", "HOPPER_STREAM_K", "HOPPER_WG_SPLIT", "HOPPER_DECODE",
-            "DECODE_SPLITS", "DECODE_NO_CLUSTER", "HOPPER_CHAIN", "HOPPER_DV_BUCKET", "HOPPER_D192"]
+            "DECODE_SPLITS", "DECODE_NO_CLUSTER", "HOPPER_CHAIN", "HOPPER_DV_BUCKET", "HOPPER_D192", "HOPPER_SEQ3"]
 
 
 @pytest.fixture()
@@ -54,6 +54,32 @@ def test_seed_grid(mod, sq, wg_split):
     s = plan(mod, 1, 12, sq, sq, 64)
     require_hopper(s)
     assert s["kernel"] == "hopper" and s["persistent"] == 0 and s["wg_split"] is wg_split
+
+
+@pytest.mark.parametrize("b,h,sq,sk,d,causal,three", [
+    (1, 12, 1024, 1024, 64, 0, True),   # the seed's S=1024: 96 items of 8 key tiles, 13.6 against 14.4 µs
+    (1, 16, 1000, 640, 40, 0, True),    # D = 40 (the 64 bucket), 5 tiles, a partial last row tile
+    (1, 12, 2048, 2048, 64, 0, False),  # 16 tiles (and a persistent grid)
+    (8, 12, 1024, 1024, 64, 0, False),  # 768 items: more than one round
+    (1, 12, 512, 512, 64, 0, False),    # the warpgroup split's one round of 64-row items
+    (1, 12, 1024, 1000, 64, 0, False),  # a key limit inside the last tile
+    (1, 12, 1024, 256, 64, 0, False),   # 2 tiles
+    (1, 12, 1024, 1024, 64, 1, False),  # causal
+    (1, 12, 1024, 1024, 128, 0, False),  # D = 128
+])
+def test_three_consumer_kernel(mod, b, h, sq, sk, d, causal, three):
+    """One-round plain launches at D <= 64 over 3 to 8 whole 128-key tiles whose 64-row items do not
+    fit one round take the three-consumer kernel (hopper_three_consumers; session 51's A/B)."""
+    s = plan(mod, b, h, sq, sk, d, is_causal=causal)
+    require_hopper(s)
+    assert s["kernel"] == "hopper" and s["three_consumers"] is three
+
+
+def test_three_consumer_kernel_switched_off(mod, monkeypatch):
+    monkeypatch.setenv("OPSFUSE_CUDA_HOPPER_SEQ3", "0")
+    s = plan(mod, 1, 12, 1024, 1024, 64)
+    require_hopper(s)
+    assert not s["three_consumers"]
 
 
 @pytest.mark.parametrize("b,h,s_,d,causal,wg_split", [

@@ -78,8 +78,9 @@ struct Case {
                      // (wide_allowed)
   int fast = 0;      // Hopper cases: 1 = the Hopper pass must have taken the kernel for whole, visible
                      // key tiles (kPlainFast) exactly where its rule allows (fast_allowed)
-  int seq3 = 0;      // Hopper cases: 1 = OPSFUSE_CUDA_HOPPER_SEQ3=1 (the three-consumer kernel,
-                     // kPlainSeq3), which must have run exactly where its rule allows (seq3_allowed)
+  int seq3 = 0;      // Hopper cases: 1 = the three-consumer kernel (kPlainSeq3, by default) must have run
+                     // exactly where its rule allows (seq3_allowed). The seq and wide cases run with
+                     // OPSFUSE_CUDA_HOPPER_SEQ3=0, so that their kernels run at its shapes too.
 };
 
 size_t esize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
@@ -326,7 +327,7 @@ void set_schedule_switches(const Case& c) {
   if (c.stream_k) setenv("OPSFUSE_CUDA_HOPPER_STREAM_K", "1", 1);
   if (c.wg_split) setenv("OPSFUSE_CUDA_HOPPER_WG_SPLIT", "1", 1);
   if (c.wide > 0) setenv("OPSFUSE_CUDA_HOPPER_SEQ_WIDE", std::to_string(c.wide).c_str(), 1);
-  if (c.seq3) setenv("OPSFUSE_CUDA_HOPPER_SEQ3", "1", 1);
+  if (c.seq != 0 || c.wide > 0) setenv("OPSFUSE_CUDA_HOPPER_SEQ3", "0", 1);
 }
 
 // An environment variable's value as the caller set it ("" when unset), and putting it back.
@@ -371,7 +372,7 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
       if (c.stream_k) restore_env("OPSFUSE_CUDA_HOPPER_STREAM_K", sk_env);
       if (c.wg_split) restore_env("OPSFUSE_CUDA_HOPPER_WG_SPLIT", wg_env);
       if (c.wide > 0) restore_env("OPSFUSE_CUDA_HOPPER_SEQ_WIDE", wide_env);
-      if (c.seq3) restore_env("OPSFUSE_CUDA_HOPPER_SEQ3", seq3_env);
+      if (c.seq != 0 || c.wide > 0) restore_env("OPSFUSE_CUDA_HOPPER_SEQ3", seq3_env);
       unsetenv("OPSFUSE_CUDA_FORCE_HOPPER");
       setenv("OPSFUSE_CUDA_DISABLE_HOPPER", "1", 1);
     }
@@ -765,8 +766,8 @@ int main(int argc, char** argv) {
       {"hop bf16 d128 fast not kl32 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 0, 0.f, N, 0, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop f16 d128 fast 16 tiles 2048", H, 2, 16, 8, 1024, 2048, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
       {"hop bf16 d128 fast not streamk 1024", BF, 2, 16, 16, 1024, 1024, 128, 128, 0, 0.f, N, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1},
-      // Three consumer warpgroups (kPlainSeq3, OPSFUSE_CUDA_HOPPER_SEQ3=1 by the last field; it must
-      // run exactly where its rule allows): the seed's S=1024 (96 items of 8 tiles, 2 in the third
+      // Three consumer warpgroups (kPlainSeq3; the last field asks that it ran exactly where its rule
+      // allows): the seed's S=1024 (96 items of 8 tiles, 2 in the third
       // warpgroup's tail); GQA 3 with a partial last row tile over 6 tiles; D = 40 over 3 tiles (a tail
       // of 1); 5 tiles (each with more 64-row items than SMs: fewer take the warpgroup split); and where it must not run: Sk = 1000 (a key limit inside the
       // last tile), 2 tiles, 9 tiles, more items than SMs (768), causal, Q and V biases.
