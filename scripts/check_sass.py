@@ -25,7 +25,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-KERNEL_MARK = "hopper_fwd_kernel"  # the Hopper prefill kernel's template (plugin/cuda/hopper/hopper_fwd.cuh)
+# The Hopper prefill kernels' templates: plugin/cuda/hopper/hopper_fwd.cuh and the three-consumer one
+# (hopper_seq3.cuh).
+KERNEL_MARKS = ("hopper_fwd_kernel", "hopper_seq3_kernel")
 
 
 @dataclass
@@ -108,7 +110,7 @@ def hopper_reports(sass: str) -> list[KernelReport]:
             moved_descriptors=moved_descriptors(body),
         )
         for name, body in sorted(kernels(sass).items())
-        if KERNEL_MARK in name
+        if any(mark in name for mark in KERNEL_MARKS)
     ]
 
 
@@ -141,7 +143,7 @@ def main(paths: list[str]) -> int:
         sys.exit("cuobjdump not found: set CUOBJDUMP, or put CUDA's bin folder on PATH")
     reports = [r for path in paths for r in hopper_reports(disassemble(path, tool))]
     for r in reports:
-        short = re.sub(r"^_ZN7opsfuse4cuda6detail6hopper17hopper_fwd_kernelI", "", r.name)[:48]
+        short = re.sub(r"^_ZN7opsfuse4cuda6detail6hopper\d+hopper_", "", r.name)[:48]
         verdict = "FAIL " + ", ".join(r.problems) if r.problems else "ok"
         print(f"{short:50s} HGMMA {r.hgmma:4d}  LDL/STL {r.local:3d}  waits {r.waits:4d}  "
               f"code {r.instructions:6d} instr ({r.instructions * 16 / 1024:5.1f} KB)  {verdict}")

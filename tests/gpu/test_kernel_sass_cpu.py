@@ -129,3 +129,6 @@ def test_shipped_hopper_kernels_use_wgmma_without_spills():
                if (m := re.search(r"hopper_fwd_kernelI(6__half|13__nv_bfloat16)Li(\d+)ELi\d+ELi(\d+)E", r.name))}
     assert buckets == {(t, d, dv) for t in ("6__half", "13__nv_bfloat16")
                        for d, dv in ((64, 64), (128, 128), (256, 256), (192, 128), (256, 128))}
+    # The three-consumer kernel (hopper_seq3.cuh), one per dtype, checked as the others are.
+    assert {m.group(1) for r in reports if (m := re.search(r"hopper_seq3_kernelI(6__half|13__nv_bfloat16)E", r.name))} \
+        == {"6__half", "13__nv_bfloat16"}
