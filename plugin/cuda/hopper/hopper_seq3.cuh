@@ -115,25 +115,22 @@ __global__ void __launch_bounds__(Seq3::kThreads, 1)
       const int hk = h / a.group;
       mbar_expect_tx(bar_q, Seq3::kQBytes);
       tma_load_4d(sQ, &tm_q, bar_q, 0, row0, h, b);
+      // Key tile `tile` of K or V (map) into dst, its bytes announced on `full`.
+      auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t full, int tile) {
+        mbar_expect_tx(full, kTile);
+        tma_load_4d(dst, map, full, 0, tile * hopper::kBN, hk, b);
+      };
       // Ring tile i beside tail tile i (while there is one), so that all three warpgroups' first
       // tiles are in flight at once.
       for (int i = 0; i < n_strip; ++i) {
         const int s = i % kStages;
         const uint32_t empty_parity = ((i / kStages) & 1) ^ 1;  // a stage's first use passes at once
         mbar_wait(bar_kempty(s), empty_parity);
-        mbar_expect_tx(bar_kfull(s), kTile);
-        tma_load_4d(sK + s * kTile, &tm_k, bar_kfull(s), 0, i * hopper::kBN, hk, b);
-        if (i < n_tail) {
-          mbar_expect_tx(bar_xk(i), kTile);
-          tma_load_4d(sXK + i * kTile, &tm_k, bar_xk(i), 0, (n_strip + i) * hopper::kBN, hk, b);
-        }
+        load(&tm_k, sK + s * kTile, bar_kfull(s), i);
+        if (i < n_tail) load(&tm_k, sXK + i * kTile, bar_xk(i), n_strip + i);
         mbar_wait(bar_vempty(s), empty_parity);
-        mbar_expect_tx(bar_vfull(s), kTile);
-        tma_load_4d(sV + s * kTile, &tm_v, bar_vfull(s), 0, i * hopper::kBN, hk, b);
-        if (i < n_tail) {
-          mbar_expect_tx(bar_xv(i), kTile);
-          tma_load_4d(sXV + i * kTile, &tm_v, bar_xv(i), 0, (n_strip + i) * hopper::kBN, hk, b);
-        }
+        load(&tm_v, sV + s * kTile, bar_vfull(s), i);
+        if (i < n_tail) load(&tm_v, sXV + i * kTile, bar_xv(i), n_strip + i);
       }
     }
     return;
