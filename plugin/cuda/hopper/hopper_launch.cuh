@@ -123,14 +123,12 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
   // plan.fast_plain, OPSFUSE_CUDA_HOPPER_FAST=0: never). The H100's same-process A/B (session 45,
   // B=8 H=16 bf16 / fp16): S=1024 -3 to -5 %; S=2048 and 4096 -3 to -4 % against kPlain.
   if (fast_plain && mode == hopper::kPlain) mode = hopper::kPlainFast;
-  // Three consumer warpgroups (kPlainSeq3, hopper_seq3.cuh): a one-round launch (choose_plan's
-  // plan.three_consumers) that the in-sequence kernels took, over 3 to 8 whole, visible 128-key tiles,
-  // without Q / V biases (the kernel adds none) and with Y through TMA stores (its only store path).
-  const int seq3_tail = hopper::Seq3::tail_tiles(static_cast<int>(a.seq_k / Cfg::kBN));
+  // Three consumer warpgroups (kPlainSeq3, hopper_seq3.cuh): a launch that choose_plan marked for it
+  // (plan.three_consumers: one round, unsplit, 3 to 8 whole, visible 128-key tiles at D <= 64) and
+  // that the in-sequence kernels took (plain attention), without Q / V biases (the kernel adds none)
+  // and with Y through TMA stores (its only store path).
   if (kD == 64 && plan.three_consumers && (mode == hopper::kPlainSeq || mode == hopper::kPlainSeqWide) &&
-      whole_visible_tiles(Cfg::kBN) && a.seq_k <= 8 * Cfg::kBN && seq3_tail > 0 && tma_store &&
-      a.q_bias == nullptr && a.v_bias == nullptr && a.sk_count == nullptr && a.tile_counter == nullptr &&
-      plan.cluster == 1 && !plan.wg_split && (plan.persistent <= 0 || blocks <= plan.persistent))
+      tma_store && a.q_bias == nullptr && a.v_bias == nullptr)
     mode = hopper::kPlainSeq3;
   const bool wide = mode == hopper::kPlainSeqWide;
   const int keys_per_tile = wide ? WideCfg::kBN : Cfg::kBN;
@@ -156,7 +154,8 @@ cudaError_t launch_hopper(const KernelArgs& a, const Plan& plan, cudaStream_t st
       cfg.stream = stream;
       cfg.attrs = &pdl;
       cfg.numAttrs = 1;
-      err = cudaLaunchKernelEx(&cfg, seq3, a, tq, tk, tv, ty, seq3_tail, plan.pingpong ? 1 : 0);
+      const int n_tail = hopper::Seq3::tail_tiles(static_cast<int>(a.seq_k / Cfg::kBN));
+      err = cudaLaunchKernelEx(&cfg, seq3, a, tq, tk, tv, ty, n_tail, plan.pingpong ? 1 : 0);
       return err != cudaSuccess ? err : cudaGetLastError();
     }
   }

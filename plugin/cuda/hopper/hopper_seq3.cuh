@@ -25,7 +25,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include <cuda.h>  // CUtensorMap (types only)
 
