@@ -1,6 +1,8 @@
 """CPU tests of the benchmark helpers that the GPU sweeps rely on."""
 import os
 
+import pytest
+
 from opsfuse.bench.cuda import env_variant
 
 
@@ -224,3 +226,14 @@ def test_opsfuse_rows_allocate_like_sdpa_and_the_out_row_keeps_one_output_per_se
         c()
     assert len(FakeTorch.made) == 3 and first is FakeTorch.made[0]
     assert [(q, out.name) for q, _, out in mod.log] == [("q0", "out0"), ("q2", "out2"), ("q1", "out1"), ("q0", "out0")]
+
+
+def test_grid_names_are_exact():
+    """--grids selects by name: "prefill" must not also run the float16 grid, and a typo is an error."""
+    from opsfuse.bench.cuda import DEFAULT_GRIDS, parse_grids
+
+    assert parse_grids("seed,prefill") == {"seed", "prefill"}
+    assert parse_grids(" prefill16 ,") == {"prefill16"}
+    assert {"prefill", "prefill16"} <= parse_grids(DEFAULT_GRIDS)
+    with pytest.raises(ValueError, match="prefil\\b.*choose from"):
+        parse_grids("seed,prefil")

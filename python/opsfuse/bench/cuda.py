@@ -1,11 +1,13 @@
 """python -m opsfuse bench --device cuda: FusedAttention's CUDA kernel side by side with its peers.
 
-Four grids (issues 5 and 7):
+Five grids (issues 5 and 7):
   seed     B=1, H=12, D=64, S in {128..2048}, float32 and float16. Through ONNX Runtime's CUDA EP
            with IO binding (time per session.run): the unfused graph, com.microsoft.MultiHeadAttention,
            ONNX Attention (opset 23), opsfuse's FusedAttention. Kernel only (CUDA-graph replays):
            PyTorch SDPA's best backend and opsfuse's binding.
   prefill  B=8, H=16, D=128, S in {1024, 4096}; B=2, S=16384; bfloat16, causal and not (kernel only).
+  prefill16  the same points in float16 (issue 7 names both dtypes; the kernels are separate
+           instantiations, and cuDNN's float16 path is its own too).
   decode   Sq=1, B=8, Hq=32, Hkv in {8, 32}, D=128, Sk in {1024, 8192, 32768}, bfloat16 (kernel only).
   masked   BERT-base attention with the (B, 1, S, S) additive float16 mask HF exports hand over:
            B=8, H=12, D=64, S in {128, 512} (kernel only; opsfuse also unmasked, for the mask's cost).
@@ -463,15 +465,19 @@ def _reference(torch, q, k, v, causal, gqa):
     return torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=gqa)
 
 
-def run_prefill(torch, cuda_mod, rows, repeat, quick):
+PREFILL_DTYPES = {"prefill": ("bfloat16", "bf16"), "prefill16": ("float16", "fp16")}
+
+
+def run_prefill(torch, cuda_mod, rows, repeat, quick, grid="prefill"):
+    dtype, short = PREFILL_DTYPES[grid]
     shapes = [(8, 1024), (8, 4096), (2, 16384)] if not quick else [(2, 1024)]
     for b, s in shapes:
         for causal in (False, True):
             h, d = 16, 128
-            case = f"B={b} H=16 S={s} D=128 bf16{' causal' if causal else ''}"
+            case = f"B={b} H=16 S={s} D=128 {short}{' causal' if causal else ''}"
             fl, by = _flops(b, h, s, s, d, causal), _bytes(b, h, h, s, s, d, 2)
-            sets = make_sets(torch, torch.bfloat16, b, h, h, s, s, d, n_sets(by, cap=4))
-            base = dict(grid="prefill", case=case, dtype="bfloat16", B=b, Hq=h, Hkv=h, Sq=s, Sk=s, D=d, causal=causal,
+            sets = make_sets(torch, getattr(torch, dtype), b, h, h, s, s, d, n_sets(by, cap=4))
+            base = dict(grid=grid, case=case, dtype=dtype, B=b, Hq=h, Hkv=h, Sq=s, Sk=s, D=d, causal=causal,
                         flops=fl, bytes=by)
             _kernel_points_sliced(torch, cuda_mod, rows, base, sets, causal, False, repeat)
             del sets
@@ -495,6 +501,19 @@ def _kernel_points_sliced(torch, cuda_mod, rows, base, sets, causal, gqa, repeat
                                                  v[:1, :2].contiguous(), is_causal=1 if causal else 0)
                 row["rel_err"] = _rel_err(torch, y, ref)
                 print(f"        {row['impl']} rel_err {row['rel_err']:.2e}")
+
+
+GRIDS = ("seed", "prefill", "prefill16", "decode", "masked")
+DEFAULT_GRIDS = ",".join(GRIDS)
+
+
+def parse_grids(text: str) -> set[str]:
+    """The grid names of a --grids value; exact names, so that "prefill" does not also select "prefill16"."""
+    names = {g.strip() for g in text.split(",") if g.strip()}
+    unknown = sorted(names - set(GRIDS))
+    if unknown:
+        raise ValueError(f"unknown benchmark grid(s) {', '.join(unknown)}: choose from {', '.join(GRIDS)}")
+    return names
 
 
 def run_decode(torch, cuda_mod, rows, repeat, quick):
@@ -739,7 +758,7 @@ def run(args) -> int:
     repeat = getattr(args, "repeat", None) or (5 if quick else 30)
     out_dir = Path(getattr(args, "out", None) or "docs/results")
     out_dir.mkdir(parents=True, exist_ok=True)
-    grids = getattr(args, "grids", None) or "seed,prefill,decode,masked"
+    grids = parse_grids(getattr(args, "grids", None) or DEFAULT_GRIDS)
 
     props = torch.cuda.get_device_properties(0)
     meta = {
@@ -758,8 +777,9 @@ def run(args) -> int:
     rows: list[dict] = []
     if "seed" in grids:
         run_seed(torch, ort, cuda_mod, rows, repeat, quick)
-    if "prefill" in grids:
-        run_prefill(torch, cuda_mod, rows, repeat, quick)
+    for grid in PREFILL_DTYPES:
+        if grid in grids:
+            run_prefill(torch, cuda_mod, rows, repeat, quick, grid)
     if "decode" in grids:
         run_decode(torch, cuda_mod, rows, repeat, quick)
     if "masked" in grids:
@@ -787,7 +807,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/results")
     p.add_argument("--repeat", type=int, default=None)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--grids", default="seed,prefill,decode,masked")
+    p.add_argument("--grids", default=DEFAULT_GRIDS, help=f"comma-separated subset of {','.join(GRIDS)}")
     return run(p.parse_args(argv))
 
 
