@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto
 
 from accuracy import assert_within_2x_torch, biased_sums, random_inputs
-from cuda_helpers import BF16, fresh_rng, poisoned, to_device, to_numpy
+from cuda_helpers import BF16, FakeTensor, fresh_rng, poisoned, to_device, to_numpy
 from ort_helpers import fused_attention_model
 
 pytestmark = pytest.mark.gpu
@@ -265,6 +265,18 @@ def test_ort_cuda_ep_packed_qkv_bias(ort, case, monkeypatch):
         assert not np.any(out[-1].astype(np.float32)), f"fully masked rows are not 0 (seed {seed})"
 
 
+def bound_call(session, q, k, v, dtype, out_shape):
+    """An IO binding of device copies of Q, K, V and a poisoned output, for calls run repeatedly
+    (traced); returns (binding, output, inputs), the inputs to be kept alive with the binding."""
+    binding = session.io_binding()
+    tensors = {"Q": to_device(q), "K": to_device(k), "V": to_device(v)}
+    for name, t in tensors.items():
+        bind(binding, name, t, dtype)
+    out = poisoned(out_shape, dtype)
+    binding.bind_output("Y", "cuda", 0, dtype, list(out.shape), out.data_ptr())
+    return binding, out, tensors
+
+
 def test_kernel_trace_sees_the_ort_launched_kernel(ort):
     """The benchmarks' kernel trace (opsfuse.bench.kernel_trace) must see kernels ORT launches, not
     only torch's: one opsfuse kernel per session.run, with a positive GPU time."""
@@ -275,14 +287,61 @@ def test_kernel_trace_sees_the_ort_launched_kernel(ort):
     rng, _ = fresh_rng()
     q, k, v = random_inputs(rng, np.float16, 1, 4, 4, 256, 256, 64, 64)
     session = cuda_session(ort, fused_attention_model(np.float16, None, 0, None))
-    binding = session.io_binding()
-    tensors = {"Q": to_device(q), "K": to_device(k), "V": to_device(v)}
-    for name, t in tensors.items():
-        bind(binding, name, t, np.float16)
-    out = poisoned((1, 4, 256, 64), np.float16)
-    binding.bind_output("Y", "cuda", 0, np.float16, list(out.shape), out.data_ptr())
+    binding, _, _inputs = bound_call(session, q, k, v, np.float16, (1, 4, 256, 64))
     trace = trace_kernels(torch, lambda: session.run_with_iobinding(binding), rounds=3, top=50)
     ours = [r for r in trace["top"] if "opsfuse" in r["name"]]
     assert ours, f"no attention kernel in the trace: {[r['name'] for r in trace['top']]}"
     assert all(r["us"] > 0 for r in ours) and trace["gpu_us"] > 0
     assert abs(sum(r["per_round"] for r in ours) - 1.0) < 1e-9, ours
+
+
+SEQ3_CASES = [
+    # (b, h, s, d), the 3-D form or not; one-round launches whose 64-row items outnumber the SMs
+    ((1, 12, 1024, 64), False),  # the seed grid's S=1024 point, the kernel's reason to exist
+    ((2, 12, 512, 64), True),    # two unmasked BERT-base sequences in the (B, S, H*D) form
+]
+
+
+@pytest.mark.parametrize("case", range(len(SEQ3_CASES)))
+def test_ort_runs_the_three_consumer_kernel(ort, case):
+    """The launches the three-consumer kernel (kPlainSeq3, session 51) takes by default, through the
+    CUDA EP: where the launcher's plan for this GPU takes it, the trace of session.run must show it,
+    and its output (into a poisoned buffer) must meet the 2x rule."""
+    import torch
+
+    import opsfuse.cuda as ocuda
+    from opsfuse.bench.kernel_trace import trace_kernels
+
+    (b, h, s, d), form3d = SEQ3_CASES[case]
+    props = torch.cuda.get_device_properties(0)
+    shape = FakeTensor((b, h, s, d))
+    code, message, plan = ocuda._module().describe_plan(
+        shape, shape, shape, sms=props.multi_processor_count,
+        cc=10 * props.major + props.minor)
+    assert code == 0, message
+    if not plan.get("three_consumers"):
+        pytest.skip(f"the launcher does not take the three-consumer kernel here on {props.name} "
+                    f"({props.multi_processor_count} SMs, sm_{props.major}{props.minor}): {plan}")
+    rng, seed = fresh_rng()
+    q, k, v = random_inputs(rng, np.float16, b, h, h, s, s, d, d)
+    extra = dict(rank=3, q_num_heads=h, kv_num_heads=h) if form3d else {}
+    session = cuda_session(ort, fused_attention_model(np.float16, None, 0, None, **extra))
+    ins = [to_3d(x) for x in (q, k, v)] if form3d else [q, k, v]
+    out_shape = (b, s, h * d) if form3d else (b, h, s, d)
+    binding, out, _inputs = bound_call(session, *ins, np.float16, out_shape)
+    trace = trace_kernels(torch, lambda: session.run_with_iobinding(binding), rounds=2, top=50)
+    names = [r["name"] for r in trace["top"]]
+    assert any("hopper_seq3_kernel" in n for n in names), f"not the three-consumer kernel: {names}"
+
+    def check(what):
+        y = to_numpy(out, np.float16)
+        if form3d:
+            y = y.reshape(b, s, h, d).transpose(0, 2, 1, 3)
+        assert_within_2x_torch(y, q, k, v, what=f"ORT CUDA EP, three consumers, {what} (seed {seed})")
+
+    check("the traced calls")
+    out.fill_(float("nan"))  # poisoned again: this call alone must write every element
+    torch.cuda.synchronize()
+    session.run_with_iobinding(binding)
+    torch.cuda.synchronize()
+    check("one more call")
