@@ -768,7 +768,9 @@ def run(args) -> int:
         "torch": torch.__version__,
         "onnxruntime": getattr(ort, "__version__", "n/a (no CUDA EP)"),
         "command": "python -m opsfuse bench --device cuda" + (" --quick" if quick else "") +
-                   (f" --repeat {args.repeat}" if getattr(args, "repeat", None) else "") + f" --out {out_dir}",
+                   (f" --repeat {args.repeat}" if getattr(args, "repeat", None) else "") +
+                   (f" --grids {','.join(g for g in GRIDS if g in grids)}" if grids != set(GRIDS) else "") +
+                   f" --out {out_dir}",
         "host": platform.node(),
         "quick": quick,
     }
