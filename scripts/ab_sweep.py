@@ -12,7 +12,7 @@ Each argument after the grid is one variant: comma-separated NAME=VALUE pairs se
 is captured (D=1 is a no-op: the defaults). AB_PRECEDE=gemm / add (with AB_INTERLEAVED=1): every
 call of every contender after a Q/K/V projection GEMM of its shape, or an elementwise add of that
 size (times are of the pair). AB_INTERLEAVED=1: the variants and cuDNN are timed side by side, every
-round replaying each one's graph in rotating order (the benchmark's time_kernels_interleaved, 15
+round replaying each one's graph in a balanced order (the benchmark's time_kernels_interleaved, 15+
 rounds), so that clock and temperature drifts fall on all alike. Issue 5's decode shapes (B=8,
 Hq=32, Hkv 8 / 32, Sk 1024 / 8192 / 32768, D=128, bf16) or its prefill and seed shapes, each timed
 by the benchmark's graph timer (opsfuse.bench.cuda.time_graph: the median of 7 CUDA-graph replays of

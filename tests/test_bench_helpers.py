@@ -1,9 +1,29 @@
 """CPU tests of the benchmark helpers that the GPU sweeps rely on."""
+import collections
 import os
 
 import pytest
 
 from opsfuse.bench.cuda import env_variant
+from opsfuse.bench.rounds import cycle_length, round_order, whole_cycles
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_round_order_balances_first_places_and_predecessors(n):
+    """Over one cycle every round is a permutation, every name comes first equally often, and every
+    ordered pair of names is adjacent (one right after the other) equally often: what runs just
+    before a timing is spread over all contenders (a rotation fails this from 3 names on)."""
+    names = [f"impl{i}" for i in range(n)]
+    cycle = cycle_length(n)
+    rounds = [round_order(names, r) for r in range(cycle)]
+    assert all(sorted(r) == names for r in rounds)
+    firsts = collections.Counter(r[0] for r in rounds)
+    assert set(firsts.values()) == {cycle // n} and len(firsts) == n
+    pairs = collections.Counter((a, b) for r in rounds for a, b in zip(r, r[1:]))
+    if n > 1:
+        assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, pairs
+    assert round_order(names, cycle) == rounds[0]
+    assert whole_cycles(30, n) % cycle == 0 and 30 <= whole_cycles(30, n) < 30 + cycle
 
 
 def test_env_variant_sets_and_restores(monkeypatch):
@@ -26,9 +46,10 @@ def test_env_variant_restores_after_an_error(monkeypatch):
     assert "OPSFUSE_CUDA_TEST_A" not in os.environ
 
 
-def test_time_host_interleaved_rotates_and_times_every_call():
-    """Each round calls every implementation once, the starting one rotating, each implementation
-    walking its own input sets; one median per implementation."""
+def test_time_host_interleaved_balances_and_times_every_call():
+    """Each round calls every implementation once in round_order's order, for whole cycles of it
+    (6 rounds for 3 names, 4 asked), each implementation walking its own input sets; one median per
+    implementation."""
     from opsfuse.bench.cuda import time_host_interleaved
 
     class FakeTorch:  # the timer only needs torch.cuda.synchronize()
@@ -40,12 +61,11 @@ def test_time_host_interleaved_rotates_and_times_every_call():
     log = []
     calls = {name: [lambda name=name, i=i: log.append((name, i)) for i in range(n)]
              for name, n in (("a", 2), ("b", 3), ("c", 1))}
-    times = time_host_interleaved(FakeTorch, calls, repeat=6, warmup=0)
+    times = time_host_interleaved(FakeTorch, calls, repeat=4, warmup=0)
     assert set(times) == {"a", "b", "c"} and all(t >= 0 for t in times.values())
     assert len(log) == 18
     rounds = [log[i:i + 3] for i in range(0, 18, 3)]
-    assert [r[0][0] for r in rounds] == ["a", "b", "c", "a", "b", "c"]
-    assert all(sorted(n for n, _ in r) == ["a", "b", "c"] for r in rounds)
+    assert [[n for n, _ in r] for r in rounds] == [round_order(["a", "b", "c"], r) for r in range(6)]
     assert [i for n, i in log if n == "b"] == [0, 1, 2, 0, 1, 2]
 
 
@@ -160,10 +180,11 @@ class _FakeCudaTorch:
         return call
 
 
-def test_time_kernels_interleaved_replays_every_implementation_each_round_in_rotating_order():
+def test_time_kernels_interleaved_replays_every_implementation_each_round_in_balanced_order():
     """Each implementation is captured once (its calls cycled to 10 per replay), then every round
-    replays each of them once, the first one rotating, so that no implementation is always timed
-    right after another; one that cannot be captured is timed without a graph in the same rounds."""
+    replays each of them once in round_order's order, for whole cycles of it (6 rounds for 3 names,
+    4 asked), so that no implementation is always timed right after another; one that cannot be
+    captured is timed without a graph in the same rounds."""
     from opsfuse.bench.cuda import time_kernels_interleaved
 
     log = []
@@ -172,14 +193,12 @@ def test_time_kernels_interleaved_replays_every_implementation_each_round_in_rot
     times = time_kernels_interleaved(fake, calls, repeat=4, warmup=0)
     assert set(times) == {"a", "b", "c"} and all(t == 0.0 for t in times.values())
     # a and b: the calls made while capturing are not run (recorded); c's capture failed on its first
-    # call. Then 4 rounds of one replay each: 10 calls per replay.
+    # call. Then 6 rounds of one replay each: 10 calls per replay.
     timed = [n for n, _ in log]
-    assert len(timed) == 4 * 3 * 10
-    rounds = [timed[i:i + 30] for i in range(0, 120, 30)]
-    firsts = [r[0] for r in rounds]
-    assert firsts == ["a", "b", "c", "a"]
-    for r in rounds:
-        assert sorted(set(r[j * 10] for j in range(3))) == ["a", "b", "c"]
+    assert len(timed) == 6 * 3 * 10
+    rounds = [timed[i:i + 30] for i in range(0, 180, 30)]
+    for r_index, r in enumerate(rounds):
+        assert [r[j * 10] for j in range(3)] == round_order(["a", "b", "c"], r_index)
         assert all(len(set(r[j * 10:(j + 1) * 10])) == 1 for j in range(3))
     assert [i for n, i in log if n == "b"][:10] == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
 

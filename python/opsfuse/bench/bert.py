@@ -51,6 +51,8 @@ import time
 import warnings
 from pathlib import Path
 
+from opsfuse.bench.rounds import round_order, whole_cycles
+
 # The issue's figures, measured on the H200 (batch 8, fp16, CUDA EP, session.run with host inputs).
 REFERENCE_MS = {
     "ort_optimized": {128: 1.90, 512: 3.47},
@@ -420,7 +422,8 @@ def check_accuracy(outputs: dict, ref, dtype: str) -> dict:
 # --- timing -------------------------------------------------------------------------------------
 
 def time_interleaved(sessions: dict, feeds: dict, warmup: int, runs: int) -> dict:
-    """Warm-up, then `runs` rounds; each round runs every model once (the order rotates per round).
+    """Warm-up, then `runs` rounds (rounded up to whole cycles of round_order); each round runs every
+    model once, in round_order's balanced order (each model follows every other equally often).
     Returns {model: {median_ms, min_ms, p90_ms}} of wall-clock session.run times (host inputs in,
     host outputs back: the call returns only when the outputs are on the host)."""
     names = list(sessions)
@@ -428,9 +431,8 @@ def time_interleaved(sessions: dict, feeds: dict, warmup: int, runs: int) -> dic
         for n in names:
             sessions[n].run(None, feeds)
     times = {n: [] for n in names}
-    for r in range(runs):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for n in order:
+    for r in range(whole_cycles(runs, len(names))):
+        for n in round_order(names, r):
             t0 = time.perf_counter()
             sessions[n].run(None, feeds)
             times[n].append((time.perf_counter() - t0) * 1e3)

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from opsfuse.bench.rounds import round_order, whole_cycles
+
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 4 * L2_BYTES  # each timed series cycles through at least this much input data
 
@@ -48,12 +50,6 @@ def n_sets(set_bytes, cap=8):
 
 
 # --- timing -------------------------------------------------------------------------------------
-
-def _round_order(names, r):
-    """The order of round r in an interleaved timing: every name once, the first one rotating."""
-    k = r % len(names)
-    return names[k:] + names[:k]
-
 
 def _captured_replay(torch, calls, warmup):
     """Captures `calls` (a list of no-arg callables, one per rotated input set), cycled to 10+ calls,
@@ -113,9 +109,9 @@ def time_graph(torch, calls, repeat, warmup=3):
 def time_kernels_interleaved(torch, calls_by_name, repeat, warmup=3):
     """Kernel-only timing of several implementations side by side: each is captured into its own CUDA
     graph (back-to-back calls without one where capture fails), then every round replays each graph
-    once, the order rotating per round, so that the GPU's clock and temperature drifts (a slow peer's
-    seconds of full load heat the card for whoever runs next) fall on all of them alike.
-    {name: median microseconds per call}."""
+    once, in round_order's balanced orders (whole cycles of them), so that the GPU's clock and
+    temperature drifts (a slow peer's seconds of full load heat the card for whoever runs next) fall
+    on all of them alike. {name: median microseconds per call}."""
     replays = {}
     try:
         for name, calls in calls_by_name.items():
@@ -127,8 +123,8 @@ def time_kernels_interleaved(torch, calls_by_name, repeat, warmup=3):
                 replays[name] = _stream_replay(torch, calls, warmup)
         names = list(replays)
         times = {n: [] for n in names}
-        for r in range(repeat):
-            for n in _round_order(names, r):
+        for r in range(whole_cycles(repeat, len(names))):
+            for n in round_order(names, r):
                 replay, per_replay, _graph = replays[n]
                 times[n].append(_event_time_us(torch, replay, per_replay))
         return {n: statistics.median(t) for n, t in times.items()}
@@ -170,16 +166,16 @@ def env_variant(spec):
 
 def time_host_interleaved(torch, calls_by_name, repeat, warmup=10):
     """time_host for several implementations side by side: each round times one call of every
-    implementation, the order rotating per round, so that the host's slow drifts (clocks, other
-    load) fall on all of them alike. {name: median microseconds per call}."""
+    implementation, in round_order's balanced orders (whole cycles of them), so that the host's slow
+    drifts (clocks, other load) fall on all of them alike. {name: median microseconds per call}."""
     names = list(calls_by_name)
     for i in range(warmup):
         for n in names:
             calls_by_name[n][i % len(calls_by_name[n])]()
     torch.cuda.synchronize()
     times = {n: [] for n in names}
-    for r in range(repeat):
-        for n in _round_order(names, r):
+    for r in range(whole_cycles(repeat, len(names))):
+        for n in round_order(names, r):
             calls = calls_by_name[n]
             t0 = time.perf_counter()
             calls[r % len(calls)]()
@@ -698,7 +694,7 @@ def _markdown(meta, rows, summary):
         f"bf16 matmul {meta['ceilings'].get('bf16_matmul_TFLOPs', float('nan')):.0f} TFLOP/s",
         "- method: medians after warm-up; kernel-only rows are CUDA-graph replays of 10+ calls over rotated input "
         "sets (>= 240 MB of inputs, or one set when larger), the implementations of a point replayed round by "
-        "round, interleaved, in rotating order; ORT rows are wall-clock per `run_with_iobinding` "
+        "round, interleaved, in balanced orders (each implementation follows every other equally often: a Williams design, since session 52; before, a rotation); ORT rows are wall-clock per `run_with_iobinding` "
         "(device buffers, synchronized; the four ORT variants of a point timed round by round, interleaved). FLOPs = 4·B·Hq·Sq·Sk·D (halved when causal); bytes = Q+K+V+Y once.",
         "- on Hopper `opsfuse binding (PDL)` is the sm_90a kernel as a programmatic dependent launch "
         "(OPSFUSE_CUDA_HOPPER_PDL=1, opt-in: a call's blocks start and set up while the previous call in the "
