@@ -105,6 +105,7 @@
 #include "hopper_config.h"
 #include "hopper_modes.h"
 #include "mask_tiles.cuh"
+#include "pingpong_turns.cuh"
 #include "ptx_ops.cuh"
 #include "tma_ops.cuh"
 
@@ -1112,27 +1113,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
 
-    // Pingpong (`pingpong` != 0, FlashAttention-3's inter-warpgroup schedule): the two consumer
-    // warpgroups take turns issuing their wgmma batches -- named barrier 2 + cw is "my turn", passed
-    // by the other warpgroup right after it issued -- so one's softmax overlaps the other's products.
-    // Each warpgroup issues n_tiles + 1 batches (n_tiles: this block's key tiles of the item);
-    // warpgroup 1 opens (an arrive on warpgroup 0's barrier) and skips its last pass, so every
-    // arrive is matched by exactly one sync. kPlainSplit with an odd number of tiles: warpgroup 1
-    // has one batch less, so it passes its last turn too and then waits out warpgroup 0's last
-    // (odd_turn).
-    const bool pp = pingpong != 0 && n_tiles > 0;
+    // Pingpong (`pingpong` != 0, pingpong_turns.cuh): the two consumer warpgroups take turns
+    // issuing their wgmma batches, each passing the turn right after it issued, so one's softmax
+    // overlaps the other's products. Each warpgroup issues n_tiles + 1 batches (n_tiles: this
+    // block's key tiles of the item). kPlainSplit with an odd number of tiles: warpgroup 1 has one
+    // batch less, so it passes its last turn too and then waits out warpgroup 0's last (odd_turn).
     const bool odd_turn = kSplitWG && cw == 1 && n_mine < n_tiles - n_mine;
-    auto turn_wait = [&]() {
-      if (!pp) return;
-      if (cw == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
-      else asm volatile("bar.sync 3, 256;\n" ::: "memory");
-    };
-    auto turn_pass = [&](bool last) {
-      if (!pp) return;
-      if (cw == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-      else if (!last || odd_turn) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-    };
-    if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+    const bool pp = pingpong != 0 && n_tiles > 0;
+    auto turn_wait = [&]() { pingpong_wait(pp, cw); };
+    auto turn_pass = [&](bool last) { pingpong_pass(pp, cw, last, odd_turn); };
+    pingpong_open(pp, cw);
 
     // K/V tile `it` (t_begin <= it < t_end) of this item is ring tile ring0 + it: its stage and
     // phase parity.

@@ -30,6 +30,7 @@
 
 #include "../kernel_common.cuh"
 #include "hopper_config.h"
+#include "pingpong_turns.cuh"
 #include "ptx_ops.cuh"
 #include "tma_ops.cuh"
 
@@ -150,23 +151,14 @@ __global__ void __launch_bounds__(Seq3::kThreads, 1)
     m_run[0] = m_run[1] = -INFINITY;
     l_run[0] = l_run[1] = 0.0f;
   };
-  // Pingpong between the strip warpgroups (`pingpong` != 0, kPlainSeq's turns): their softmaxes take
-  // turns -- named barrier 2 + cw is "my turn", passed by the other after its softmax -- so that one's
-  // softmax runs beside the other's products rather than in step with it. Both walk the same n_strip
-  // tiles: warpgroup 1 opens (an arrive on warpgroup 0's barrier) and skips its last pass, so every
-  // arrive meets one sync. The third warpgroup takes no turns.
+  // Pingpong between the strip warpgroups (`pingpong` != 0, kPlainSeq's turns, pingpong_turns.cuh):
+  // their softmaxes take turns, each passing after its softmax, so that one's softmax runs beside
+  // the other's products rather than in step with it. Both walk the same n_strip tiles. The third
+  // warpgroup takes no turns.
   const bool pp = pingpong != 0 && cw < 2;
-  auto turn_wait = [&] {
-    if (!pp) return;
-    if (cw == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
-    else asm volatile("bar.sync 3, 256;\n" ::: "memory");
-  };
-  auto turn_pass = [&](bool last) {
-    if (!pp) return;
-    if (cw == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-    else if (!last) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-  };
-  if (pp && cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  auto turn_wait = [&] { pingpong_wait(pp, cw); };
+  auto turn_pass = [&](bool last) { pingpong_pass(pp, cw, last, false); };
+  pingpong_open(pp, cw);
   // One key tile for the strip whose Q rows start at q_strip: S = Q K^T, the online softmax (every
   // key visible: raw q.k, the scale folded into the exponent), O = O alpha + P V, each product
   // waited for. kempty / vempty: the ring stage's release (0: a tail tile, never released); last:
