@@ -468,7 +468,8 @@ def markdown(result: dict) -> str:
         f"weights, {m['attn']} attention, torch.onnx TorchScript exporter opset 17, {m['dtype']}"
         + (" — **--quick: a tiny model, a test of the logic, not a measurement**" if m["quick"] else ""),
         f"- method: session.run with host (numpy) inputs, ORT_ENABLE_ALL, providers {m['providers']}, "
-        f"{m['warmup']} warm-up rounds then the median of {m['runs']} rounds, models interleaved per round; "
+        f"{m['warmup']} warm-up rounds then the median of {m['runs']} rounds (at least: rounded up to whole "
+        f"balanced cycles), models interleaved per round, each after every other equally often; "
         f"batch {m['batch']}; masks: 'padded' (row lengths below) and 'ones'",
         "",
         "## Latency (ms per session.run, median)",
