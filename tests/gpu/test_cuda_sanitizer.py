@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+# Each runs the check driver over all its cases, or under a sanitizer: minutes apiece.
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
 def _driver():
