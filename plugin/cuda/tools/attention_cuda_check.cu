@@ -439,8 +439,9 @@ bool run_hopper_pair(const Case& c, uint32_t seed, cudaStream_t stream, bool hop
   // biases over 3 to 8 whole 128-key tiles, unsplit, whose 128-row items fit one round on the
   // device's SMs but whose 64-row items do not (those take the warpgroup split), with Y through TMA
   // stores (launch_hopper, choose_plan).
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  int dev = 0, sms = 0;
+  CHECK_CUDA(cudaGetDevice(&dev));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t items = static_cast<int64_t>((c.Sq + 127) / 128) * c.B * c.Hq;
   const int64_t half_items = static_cast<int64_t>((c.Sq + 63) / 64) * c.B * c.Hq;
   const bool seq3_allowed = !wide && c.causal == 0 && c.key_lengths == 0 && c.mask == MaskKind::kNone &&
