@@ -5,7 +5,7 @@ that passes needs no device A/B; one that fails names the units whose code moved
 
 usage: python scripts/sass_identity.py [BASE_REV]      (default HEAD; nvcc on PATH, cuobjdump as for
                                                         scripts/check_sass.py)
-Exit status: 0 identical, 1 some unit differs, 2 a compile failed."""
+Exit status: 0 identical, 1 some unit differs, 2 a compile or disassembly failed."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def units(tree: Path) -> list[str]:
 def sass_of(tree: Path, unit: str, out: Path, cuobjdump: str) -> str:
     cubin = out / f"{unit}.cubin"
     subprocess.run(["nvcc", *NVCC_FLAGS, "-cubin", unit, "-o", str(cubin)], cwd=tree / HOPPER, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return subprocess.run([cuobjdump, "--dump-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
 
 
@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
                     try:
                         results[key] = future.result()
                     except subprocess.CalledProcessError as exc:
-                        print(f"{key[1]} ({key[0]}): compile failed\n{(exc.stderr or b'').decode()[-2000:]}")
+                        print(f"{key[1]} ({key[0]}): {exc.cmd[0]} failed\n{(exc.stderr or '')[-2000:]}")
                         return 2
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPO, check=False)

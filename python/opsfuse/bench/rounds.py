@@ -32,11 +32,13 @@ def round_order(names, r):
 
 
 def cycle_length(n):
-    """Rounds of one balanced cycle of round_order for n names."""
+    """Rounds of one balanced cycle of round_order for n names (one name: a single round)."""
+    if n < 2:
+        return 1
     return n if n % 2 == 0 else 2 * n
 
 
 def whole_cycles(repeat, n):
     """`repeat` rounded up to whole cycles of round_order, so that the balance holds in every median."""
-    cycle = cycle_length(max(n, 1))
+    cycle = cycle_length(n)
     return -(-repeat // cycle) * cycle
