@@ -23,7 +23,7 @@
 #   PYTEST_PATHS what pytest collects (default tests/)
 #   PYTEST_GROUPS which pytest runs, in order (default slow,fast): slow is the tests marked slow
 #               (compute-sanitizer, the check driver twice; ~350 s), fast the other gpu tests (~130 s)
-#   BENCH_GRIDS a subset of seed,prefill,decode
+#   BENCH_GRIDS a subset of seed,prefill,prefill16,decode,masked
 #   CHECK_TIMEOUT seconds the check driver may run before it counts as hung (300)
 #   SKIP_CHECK  1: no standalone check-driver run (pytest still runs it, see the test stage)
 #   TRACE_GRID  hopper_trace.py's grid (d128, seed; default its five shapes); TRACE_VARIANTS its
@@ -160,7 +160,7 @@ if want test; then
     case "$group" in
       slow) marks="gpu and slow" ;;
       fast) marks="gpu and not slow" ;;
-      *) echo "unknown PYTEST_GROUPS entry '$group' (slow, fast)" >&2; continue ;;
+      *) note "pytest_$group: not run, PYTEST_GROUPS takes slow and fast"; continue ;;
     esac
     stage "pytest_$group" $PY -m pytest -m "$marks" ${PYTEST_PATHS:-tests/} -p no:cacheprovider -rfEs \
       --durations=15 $local_workers --junitxml="$LOGS/pytest_$group.xml" ${PYTEST_K:+-k "$PYTEST_K"} \
