@@ -1,6 +1,5 @@
 """Markers: `gpu` tests skip without a CUDA GPU, `tensorrt` tests skip without TensorRT; `slow` tests
-(minutes each) are collected first, so that parallel workers (pytest -n) start them before the
-short ones instead of ending on them."""
+take minutes each (scripts/gpu_run.sh runs them in a pytest run of their own)."""
 
 from __future__ import annotations
 
@@ -37,7 +36,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: otherwise as collected
     skip_gpu = pytest.mark.skip(reason="no CUDA GPU on this machine (torch.cuda.is_available() is False)")
     skip_trt = pytest.mark.skip(reason="TensorRT not installed (import tensorrt failed)")
     for item in items:
